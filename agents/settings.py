@@ -1,0 +1,86 @@
+"""Worker settings: one dataclass, read from flags and ``TAILGUARD_*`` environment variables."""
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tailguard.agents.errors import SettingsError
+from tailguard.catalogue import default_partitions, default_prefix
+
+__all__ = ["Settings"]
+
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything a worker needs to know.
+
+    RocksDB is sized for the 2-core, 24 GiB build machines (SPEC.md §7): faust's
+    default of a 2 GiB block cache *per partition and table* would ask for far
+    more memory than exists, so each partition store gets ``rocksdb_cache_mib``.
+    """
+
+    broker: str = "localhost:9092"
+    app_id: str = "tailguard"
+    data_dir: Path = Path(".state/worker")
+    partitions: int = 4
+    #: Namespace prefix of every topic (empty: the contract's names).
+    topic_prefix: str = ""
+    #: Windows published on ``tailguard.sli`` (names from ``tailguard.streams.WINDOWS``).
+    sli_windows: tuple[str, ...] = ("1m", "5m", "1h")
+    #: Wall-clock period of provisional snapshots of series that changed (0: off).
+    snapshot_interval_s: float = 10.0
+    allowed_lateness_ms: int = 120_000
+    #: Ingest batching: forward per-series batches every ``ingest_batch`` messages or
+    #: ``ingest_within_s`` seconds, whichever comes first.
+    ingest_batch: int = 500
+    ingest_within_s: float = 0.5
+    rocksdb_cache_mib: int = 16
+    rocksdb_write_buffer_mib: int = 8
+    web_port: int = 6066
+    web_enabled: bool = False
+    attach_digests: bool = False
+    source: str = field(default_factory=lambda: f"tailguard/{os.uname().nodename}")
+
+    def __post_init__(self) -> None:
+        from tailguard.streams import WINDOWS
+
+        unknown = [w for w in self.sli_windows if w not in WINDOWS]
+        if unknown:
+            msg = f"unknown SLI window(s) {unknown}; choose from {sorted(WINDOWS)}"
+            raise SettingsError(msg)
+        if self.partitions < 1:
+            msg = f"partitions must be ≥ 1, got {self.partitions}"
+            raise SettingsError(msg)
+        if self.ingest_batch < 1 or self.ingest_within_s <= 0:
+            msg = "ingest_batch must be ≥ 1 and ingest_within_s > 0"
+            raise SettingsError(msg)
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> "Settings":
+        """Defaults, then ``TAILGUARD_*`` variables, then explicit overrides (flags)."""
+        env = os.environ
+        values: dict[str, object] = {
+            "broker": env.get("TAILGUARD_BROKER", "localhost:9092"),
+            "app_id": env.get("TAILGUARD_APP_ID", "tailguard"),
+            "data_dir": Path(env.get("TAILGUARD_DATA_DIR", ".state/worker")),
+            "partitions": default_partitions(),
+            "topic_prefix": default_prefix(),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        if isinstance(values["data_dir"], str):
+            values["data_dir"] = Path(values["data_dir"])
+        return cls(**values)  # type: ignore[arg-type]
+
+    def rocksdb_options(self) -> dict[str, object]:
+        """Per-partition RocksDB options passed to every table."""
+        return {
+            "driver": "rocksdict",
+            "block_cache_size": self.rocksdb_cache_mib * _MIB,
+            "block_cache_compressed_size": 0,
+            "write_buffer_size": self.rocksdb_write_buffer_mib * _MIB,
+            "max_write_buffer_number": 2,
+            "target_file_size_base": 16 * _MIB,
+            "max_open_files": 256,
+        }

@@ -1,0 +1,133 @@
+"""SLI agent: per-series sliding windows in RocksDB, snapshots on ``tailguard.sli``.
+
+For each per-series batch from ``tailguard.internal.series``:
+
+1. load the series' :class:`~tailguard.streams.SeriesWindows` (cache, else tables);
+2. ``add`` the events with their input positions (idempotent per bucket);
+3. write the touched buckets and the meta to the tables (changelogged);
+4. for every minute bucket the event-time watermark closed, publish a *final*
+   snapshot of each configured window ending there.
+
+A timer additionally publishes *provisional* snapshots (``final: false``) of
+series that changed, every ``snapshot_interval_s`` of wall-clock time, so a
+quiet series' open minute is visible too. Final snapshots depend only on the
+events, so a replay publishes the same ones (same ``event_id``).
+"""
+
+import hashlib
+import time
+from typing import Any
+
+import faust
+from faust.types import TP
+
+from tailguard.agents.internal import decode_batch, series_key
+from tailguard.agents.publish import frame
+from tailguard.agents.settings import Settings
+from tailguard.agents.state import SeriesStore
+from tailguard.agents.stats import WorkerStats
+from tailguard.agents.topics import Topics
+from tailguard.streams import WINDOWS, SeriesWindows, summarize
+
+__all__ = ["register_sli", "snapshot_payload"]
+
+SLI_SCHEMA = "tailguard.sli.v1"
+
+
+def snapshot_payload(
+    series: tuple[str, str, str, str],
+    state: SeriesWindows,
+    window: str,
+    end_ms: int,
+    *,
+    final: bool,
+    now_ms: int,
+    with_digests: bool = False,
+) -> dict[str, Any]:
+    """The ``tailguard.sli.v1`` event of one series and window."""
+    window_ms = WINDOWS[window]
+    merged = state.window(window_ms, end_ms)
+    s = summarize(merged, window_ms, state.thresholds, with_digests=with_digests)
+    service, model, variant, tenant = series
+    key = series_key(*series)
+    ident = f"{key}|{window}|{end_ms}|{'final' if final else s.count}"
+    payload: dict[str, Any] = {
+        "schema": SLI_SCHEMA,
+        "event_id": hashlib.blake2b(ident.encode(), digest_size=16).hexdigest(),
+        "ts_ms": now_ms,
+        "series": {"service": service, "model": model, "variant": variant, "tenant": tenant},
+        "window": window,
+        "window_s": window_ms // 1000,
+        "window_end_ms": end_ms,
+        "final": final,
+        "count": s.count,
+        "errors": s.errors,
+        "cancelled": s.cancelled,
+        "success_rate": s.success_rate,
+        "ttft_compliance": s.ttft_compliance,
+        "itl_compliance": s.itl_compliance,
+        "slo_compliance": s.slo_compliance,
+        "goodput_rps": s.goodput_rps,
+        "late": state.late,
+        "duplicates": state.duplicates,
+        "exemplars": s.exemplars,
+        **s.latency,
+    }
+    if s.digests is not None:
+        payload["digests"] = s.digests
+    return payload
+
+
+def register_sli(
+    app: faust.App, topics: Topics, settings: Settings, stats: WorkerStats, store: SeriesStore
+) -> Any:
+    """Attach the SLI agent, its provisional-snapshot timer and the rebalance hook."""
+    names: dict[str, tuple[str, str, str, str]] = {}
+
+    async def publish(series: tuple[str, str, str, str], state: SeriesWindows, end_ms: int, *, final: bool) -> None:
+        now = int(time.time() * 1000)
+        key = series_key(*series).encode()
+        for window in settings.sli_windows:
+            payload = snapshot_payload(
+                series, state, window, end_ms, final=final, now_ms=now,
+                with_digests=settings.attach_digests,
+            )
+            value, headers = frame(payload, source=settings.source)
+            await topics.sli.send(key=key, value=value, headers=headers)
+            stats.snapshots += 1
+
+    @app.agent(topics.series, name="tailguard.sli")
+    async def sli(stream: faust.StreamT[bytes]) -> None:
+        async for event in stream.events():
+            batch = decode_batch(event.value)
+            key = series_key(*batch.series)
+            names[key] = batch.series
+            cached = store.get(key, event.message.partition)
+            result = cached.state.add(batch.events, batch.positions)
+            store.save(key, cached.state.take_changes())
+            cached.dirty = cached.dirty or result.accepted > 0
+            stats.events_applied += result.accepted
+            stats.late += result.late
+            stats.duplicates += result.duplicates
+            stats.replayed += result.replayed
+            for end_ms in result.closed_ends:
+                await publish(batch.series, cached.state, end_ms, final=True)
+
+    if settings.snapshot_interval_s > 0:
+
+        @app.timer(settings.snapshot_interval_s, name="tailguard.sli.provisional")
+        async def provisional() -> None:
+            for key, cached in store.items():
+                if not cached.dirty:
+                    continue
+                end = cached.state.default_end()
+                if end is None:
+                    continue
+                cached.dirty = False
+                await publish(names[key], cached.state, end, final=False)
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
+        store.forget_partitions({tp.partition for tp in revoked if tp.topic == topics.series.get_topic_name()})
+
+    return sli

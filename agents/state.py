@@ -1,0 +1,103 @@
+"""Per-series window state: an in-memory cache in front of two RocksDB tables.
+
+Layout (both tables are co-partitioned with ``tailguard.internal.series``)::
+
+    tailguard-series   key = series key              value = SeriesWindows meta (watermark,
+                                                             bucket list, applied offsets)
+    tailguard-buckets  key = series key␟tier␟start   value = one Bucket
+
+A batch rewrites only the buckets it touched plus the small meta value, so the
+changelog carries a few KB per forwarded batch instead of a series' whole 3-day
+history (SPEC.md §7: every table write is a changelog record).
+
+The cache holds live :class:`SeriesWindows` objects of the partitions this
+worker owns; it is filled lazily from the tables (which faust restored from the
+changelog) and dropped for partitions that are revoked.
+"""
+
+from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
+
+from tailguard.streams import Changes, RingConfig, SeriesWindows, Thresholds
+
+__all__ = ["CachedSeries", "SeriesStore", "bucket_key"]
+
+_SEP = "\x1f"
+
+
+def bucket_key(series: str, tier: str, start: int) -> str:
+    """Table key of one bucket of one series."""
+    return f"{series}{_SEP}{tier}{_SEP}{start}"
+
+
+@dataclass(slots=True)
+class CachedSeries:
+    """A live series state and the partition that owns it."""
+
+    state: SeriesWindows
+    partition: int
+    #: Changed since the last provisional snapshot.
+    dirty: bool = False
+
+
+class SeriesStore:
+    """Reads, caches and writes :class:`SeriesWindows` through two faust tables."""
+
+    def __init__(
+        self,
+        meta_table: MutableMapping[str, bytes],
+        bucket_table: MutableMapping[str, bytes],
+        ring: RingConfig,
+        thresholds: Thresholds | None = None,
+    ) -> None:
+        self._meta = meta_table
+        self._buckets = bucket_table
+        self._ring = ring
+        self._thresholds = thresholds or Thresholds()
+        self._cache: dict[str, CachedSeries] = {}
+
+    def get(self, series: str, partition: int) -> CachedSeries:
+        """The live state of ``series``; restored from the tables on first use.
+
+        Must run inside an agent processing a message of ``partition``: faust
+        reads and writes the partition's RocksDB store of the current event.
+        """
+        cached = self._cache.get(series)
+        if cached is not None:
+            return cached
+        meta = self._meta.get(series)
+        if meta is None:
+            state = SeriesWindows(self._ring, self._thresholds)
+        else:
+            state = SeriesWindows.restore(
+                meta,
+                lambda tier, start: self._buckets.get(bucket_key(series, tier, start)),
+                self._ring,
+                self._thresholds,
+            )
+            state.take_changes()  # what was just loaded is not a change
+        cached = self._cache[series] = CachedSeries(state, partition)
+        return cached
+
+    def save(self, series: str, changes: Changes) -> None:
+        """Write a batch's changes: touched buckets, deleted buckets, then the meta."""
+        for (tier, start), data in changes.upserts.items():
+            self._buckets[bucket_key(series, tier, start)] = data
+        for tier, start in changes.deletes:
+            key = bucket_key(series, tier, start)
+            if key in self._buckets:
+                del self._buckets[key]
+        self._meta[series] = changes.meta
+
+    def forget_partitions(self, partitions: set[int]) -> int:
+        """Drop cached series of revoked partitions; returns how many were dropped."""
+        gone = [k for k, v in self._cache.items() if v.partition in partitions]
+        for key in gone:
+            del self._cache[key]
+        return len(gone)
+
+    def items(self) -> Iterator[tuple[str, CachedSeries]]:
+        return iter(list(self._cache.items()))
+
+    def __len__(self) -> int:
+        return len(self._cache)

@@ -1,0 +1,29 @@
+"""In-process counters of a worker (exported to Prometheus by the operators' issue)."""
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+__all__ = ["WorkerStats"]
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """What one worker has processed since it started."""
+
+    messages: int = 0
+    events_valid: int = 0
+    events_applied: int = 0
+    late: int = 0
+    duplicates: int = 0
+    replayed: int = 0
+    snapshots: int = 0
+    deadletters: Counter[str] = field(default_factory=Counter)
+
+    def line(self) -> str:
+        """One log line."""
+        dl = sum(self.deadletters.values())
+        return (
+            f"messages={self.messages} valid={self.events_valid} applied={self.events_applied} "
+            f"late={self.late} duplicates={self.duplicates} replayed={self.replayed} "
+            f"deadletters={dl} snapshots={self.snapshots}"
+        )

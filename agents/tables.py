@@ -1,0 +1,41 @@
+"""RocksDB-backed faust tables (rocksdict driver), sized for small machines."""
+
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+
+from tailguard.agents.settings import Settings
+
+__all__ = ["Tables", "declare_tables"]
+
+
+@dataclass(frozen=True, slots=True)
+class Tables:
+    """The tables of a worker. Keys and values are bytes; codecs live in ``streams``."""
+
+    series_meta: Any
+    series_buckets: Any
+
+
+def declare_tables(app: faust.App, settings: Settings) -> Tables:
+    """Plain (non-windowed) tables: event-time windows are explicit buckets in
+    ``tailguard.streams``, avoiding faust's wall-clock windowed tables (SPEC.md §7)."""
+
+    def table(name: str, help_: str) -> Any:
+        return app.Table(
+            name,
+            default=None,
+            partitions=settings.partitions,
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+            options=settings.rocksdb_options(),
+            help=help_,
+        )
+
+    return Tables(
+        series_meta=table("tailguard-series", "per-series window meta (watermark, bucket list)"),
+        series_buckets=table("tailguard-buckets", "per-series minute and hour buckets"),
+    )

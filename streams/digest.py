@@ -1,0 +1,103 @@
+"""t-digest helpers: the fast Rust digest on the hot path, the ``tdigest`` dict on the wire.
+
+``fastdigest.TDigest`` (Rust) updates at millions of values per second and merges
+two 256-centroid digests in ~10 µs; the pure-Python ``tdigest`` package manages
+~57 k values/s. Both understand the same centroid list, so tailguard computes
+with ``fastdigest`` and publishes the ``tdigest`` package's dict format::
+
+    {"n": 1234, "delta": 0.01, "K": 25, "centroids": [{"m": 12.5, "c": 3.0}, ...]}
+
+which any subscriber loads with ``tdigest.TDigest().update_from_dict(d)``.
+
+Values are added per batch (``from_values`` on a numpy array, then
+``merge_inplace``) because the cost of a fastdigest call is the merge it does,
+not the values it receives (SPEC.md §7 figures).
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from fastdigest import TDigest
+
+__all__ = [
+    "DEFAULT_MAX_CENTROIDS",
+    "TDigest",
+    "add_values",
+    "digest_from_bytes",
+    "digest_to_bytes",
+    "from_tdigest_dict",
+    "merged",
+    "new_digest",
+    "to_tdigest_dict",
+]
+
+#: 256 centroids keep P50…P99.9 of 10^6 merged lognormal samples within ~0.25 %
+#: of exact (measured: ``tests/unit/streams/test_accuracy.py``) at ~4 KB a digest.
+DEFAULT_MAX_CENTROIDS = 256
+
+
+def new_digest(max_centroids: int = DEFAULT_MAX_CENTROIDS) -> TDigest:
+    """An empty digest."""
+    return TDigest(max_centroids=max_centroids)
+
+
+def add_values(
+    digest: TDigest | None, values: Sequence[float] | np.ndarray, max_centroids: int
+) -> TDigest:
+    """Merge ``values`` into ``digest`` (created when ``None``) with one Rust call."""
+    batch = TDigest.from_values(np.asarray(values, dtype=np.float64), max_centroids=max_centroids)
+    if digest is None or digest.is_empty():
+        return batch
+    digest.merge_inplace(batch)
+    return digest
+
+
+def merged(digests: Sequence[TDigest], max_centroids: int) -> TDigest:
+    """A new digest holding every digest of ``digests`` (which are left untouched)."""
+    out = TDigest(max_centroids=max_centroids)
+    for d in digests:
+        if not d.is_empty():
+            out.merge_inplace(d)
+    return out
+
+
+def digest_to_bytes(digest: TDigest) -> bytes:
+    """Compact binary form for state stores (16 bytes a centroid)."""
+    data: bytes = digest.to_bytes()
+    return data
+
+
+def digest_from_bytes(data: bytes) -> TDigest:
+    """Inverse of :func:`digest_to_bytes`."""
+    return TDigest.from_bytes(data)
+
+
+def to_tdigest_dict(digest: TDigest) -> dict[str, Any]:
+    """The ``tdigest`` package's dict format (``TDigest.to_dict()`` there)."""
+    raw = digest.to_dict()
+    return {
+        "n": int(raw.get("n_values", 0)),
+        "delta": 0.01,
+        "K": 25,
+        "centroids": [{"m": float(c["m"]), "c": float(c["c"])} for c in raw["centroids"]],
+    }
+
+
+def from_tdigest_dict(data: dict[str, Any], max_centroids: int = DEFAULT_MAX_CENTROIDS) -> TDigest:
+    """Load a digest published in the ``tdigest`` dict format."""
+    centroids = data.get("centroids", [])
+    if not centroids:
+        return TDigest(max_centroids=max_centroids)
+    means = [float(c["m"]) for c in centroids]
+    weights = [float(c["c"]) for c in centroids]
+    raw = {
+        "max_centroids": max_centroids,
+        "mass": float(sum(weights)),
+        "sum": float(sum(m * w for m, w in zip(means, weights, strict=True))),
+        "min": min(means),
+        "max": max(means),
+        "n_values": int(data.get("n", sum(weights))),
+        "centroids": [{"m": m, "c": w} for m, w in zip(means, weights, strict=True)],
+    }
+    return TDigest.from_dict(raw)

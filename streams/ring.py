@@ -1,0 +1,367 @@
+"""Event-time bucket ring of one series: sliding windows as merges of buckets.
+
+Two tiers of buckets, both aligned to the epoch::
+
+    event time ─────────────────────────────────────────────────────────────▶
+    coarse  │  h-71 │ … │  h-3  │  h-2  │                                      (1 h, kept 3 d + 1 h)
+    fine                        │m│m│m│m│m│m│ … │m│m│m│m│m│m│m│m│m│▒│            (1 min, kept 2 h)
+                                                              ▲   ▲ watermark
+                                      closed (final) ◀────────┘   └ open: lateness
+
+- An event lands in the 1-minute bucket of its ``ts_ms``. The *watermark* is
+  the largest ``ts_ms`` seen (event time, never wall-clock time), so a replay of
+  the same events yields the same state, snapshots and alerts.
+- A bucket *closes* once ``watermark ≥ end + allowed_lateness``; an event for a
+  closed bucket is *late*: it is counted (``late``), not merged.
+- While open, a bucket remembers the 64-bit hashes of its event ids, so a
+  duplicate ``event_id`` is counted once (``duplicates``). A duplicate always
+  carries the same ``ts_ms``, so it lands in the same bucket: the dedup horizon
+  is exactly the time a bucket stays open.
+- When an hour has closed its 60 minute buckets are merged into one coarse
+  bucket; minute buckets are pruned after 2 h, hour buckets after 3 d + 1 h.
+
+A window of length ``W`` ending at ``end`` merges the coarse hours lying wholly
+inside ``[end − W, end)`` and the minute buckets of the rest. Windows up to 1 h
+are therefore exact to the minute; longer windows (6 h, 1 d, 3 d) lose at most
+the partial hour at their old edge once its minute buckets are pruned.
+
+State is split for storage: one small *meta* value per series plus one value
+per bucket, so that a batch rewrites only the buckets it touched
+(:meth:`SeriesWindows.take_changes`), not the whole 3-day history.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from tailguard.streams.bucket import Accumulator, Bucket, Counters, event_hash
+from tailguard.streams.digest import DEFAULT_MAX_CENTROIDS
+from tailguard.streams.errors import ConfigError, CorruptStateError
+from tailguard.streams.sli import LatencyEvent, Thresholds
+
+__all__ = [
+    "FINE",
+    "COARSE",
+    "WINDOWS",
+    "AddResult",
+    "Changes",
+    "RingConfig",
+    "SeriesWindows",
+]
+
+FINE = "m"
+COARSE = "h"
+
+#: The sliding windows of SPEC.md §3.1, in milliseconds.
+WINDOWS: dict[str, int] = {
+    "1m": 60_000,
+    "5m": 300_000,
+    "30m": 1_800_000,
+    "1h": 3_600_000,
+    "6h": 21_600_000,
+    "1d": 86_400_000,
+    "3d": 259_200_000,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RingConfig:
+    """Bucket widths, retention and lateness. Validated on construction."""
+
+    bucket_ms: int = 60_000
+    rollup_ms: int = 3_600_000
+    fine_retention_ms: int = 7_200_000
+    retention_ms: int = 3 * 86_400_000 + 3_600_000
+    allowed_lateness_ms: int = 120_000
+    max_centroids: int = DEFAULT_MAX_CENTROIDS
+
+    def __post_init__(self) -> None:
+        if self.bucket_ms <= 0 or self.rollup_ms % self.bucket_ms:
+            msg = f"rollup_ms ({self.rollup_ms}) must be a positive multiple of bucket_ms ({self.bucket_ms})"
+            raise ConfigError(msg)
+        if self.allowed_lateness_ms < 0:
+            msg = f"allowed_lateness_ms must be ≥ 0, got {self.allowed_lateness_ms}"
+            raise ConfigError(msg)
+        need = self.rollup_ms + self.bucket_ms + self.allowed_lateness_ms
+        if self.fine_retention_ms < need:
+            msg = (
+                f"fine_retention_ms ({self.fine_retention_ms}) must cover a roll-up period plus "
+                f"lateness (≥ {need}) or minute buckets vanish before they are rolled up"
+            )
+            raise ConfigError(msg)
+        if self.retention_ms < self.fine_retention_ms:
+            msg = f"retention_ms ({self.retention_ms}) must be ≥ fine_retention_ms ({self.fine_retention_ms})"
+            raise ConfigError(msg)
+        if not 20 <= self.max_centroids <= 10_000:
+            msg = f"max_centroids must be in 20..10000, got {self.max_centroids}"
+            raise ConfigError(msg)
+
+
+@dataclass(slots=True)
+class AddResult:
+    """What one :meth:`SeriesWindows.add` did."""
+
+    accepted: int = 0
+    late: int = 0
+    duplicates: int = 0
+    #: Events skipped because their bucket already holds their input position.
+    replayed: int = 0
+    #: End times of the minute buckets that closed during this call, oldest first.
+    closed_ends: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Changes:
+    """What to write to the state store after a batch."""
+
+    upserts: dict[tuple[str, int], bytes]
+    deletes: list[tuple[str, int]]
+    meta: bytes
+
+
+class _Meta(msgspec.Struct, array_like=True):
+    watermark_ms: int | None
+    late: int
+    duplicates: int
+    rolled_through_ms: int | None
+    fine: list[int]
+    coarse: list[int]
+
+
+class SeriesWindows:
+    """Sliding-window state of one series (see the module docstring)."""
+
+    def __init__(self, config: RingConfig | None = None, thresholds: Thresholds | None = None):
+        self.config = config or RingConfig()
+        self.thresholds = thresholds or Thresholds()
+        self.fine: dict[int, Bucket] = {}
+        self.coarse: dict[int, Bucket] = {}
+        self.watermark_ms: int | None = None
+        self.late = 0
+        self.duplicates = 0
+        self._rolled_through_ms: int | None = None
+        self._dirty: set[tuple[str, int]] = set()
+        self._deleted: set[tuple[str, int]] = set()
+
+    # ------------------------------------------------------------------ ingest
+    def add(
+        self,
+        events: Sequence[LatencyEvent],
+        positions: Sequence[tuple[int, int]] | None = None,
+    ) -> AddResult:
+        """Fold a batch of requests in, in order; returns counts and closed buckets.
+
+        Each event is judged against the watermark as it stands when the event
+        arrives, so the outcome does not depend on how events were batched.
+
+        ``positions`` (parallel to ``events``) are the ``(partition, offset)`` of
+        the input message each event came in. All events of one input message
+        must arrive in the same call. A bucket that already holds an input
+        position skips that position's events (``replayed``): re-delivering
+        input after a crash never counts an event twice.
+        """
+        cfg = self.config
+        width = cfg.bucket_ms
+        lateness = cfg.allowed_lateness_ms
+        thresholds = self.thresholds
+        result = AddResult()
+        accs: dict[int, Accumulator] = {}
+        wm = self.watermark_ms
+        seen: dict[int, dict[int, int]] = {}
+        for i, ev in enumerate(events):
+            ts = ev.ts_ms
+            start = ts - ts % width
+            if wm is not None and start + width + lateness <= wm:
+                result.late += 1
+                continue
+            bucket = self.fine.get(start)
+            if bucket is None:
+                bucket = self.fine[start] = Bucket.empty(start)
+            if positions is not None:
+                part, offset = positions[i]
+                if offset <= bucket.applied.get(part, -1):
+                    result.replayed += 1
+                    continue
+                marks = seen.setdefault(start, {})
+                if offset > marks.get(part, -1):
+                    marks[part] = offset
+            h = event_hash(ev.event_id)
+            ids = bucket.ids
+            if ids is not None:
+                if h in ids:
+                    result.duplicates += 1
+                    continue
+                ids.add(h)
+            acc = accs.get(start)
+            if acc is None:
+                acc = accs[start] = Accumulator()
+            acc.add(
+                status=ev.status,
+                e2e_ms=ev.e2e_ms,
+                ttft_ms=ev.ttft_ms,
+                output_tokens=ev.output_tokens,
+                itl_ms=ev.itl_ms,
+                trace_id=ev.trace_id,
+                warmup=bool(ev.warmup),
+                thresholds=thresholds,
+            )
+            result.accepted += 1
+            if wm is None or ts > wm:
+                wm = ts
+        for start, marks in seen.items():
+            self.fine[start].applied.update(marks)
+            self._touch(FINE, start)
+        for start, acc in accs.items():
+            self.fine[start].absorb(acc, cfg.max_centroids, thresholds.itl_ms)
+            self._touch(FINE, start)
+        self.late += result.late
+        self.duplicates += result.duplicates
+        if wm is not None and wm != self.watermark_ms:
+            self.watermark_ms = wm
+            result.closed_ends = self._advance(wm)
+        return result
+
+    def _touch(self, tier: str, start: int) -> None:
+        self._dirty.add((tier, start))
+        self._deleted.discard((tier, start))
+
+    def _drop(self, tier: str, start: int) -> None:
+        self._dirty.discard((tier, start))
+        self._deleted.add((tier, start))
+
+    def _advance(self, wm: int) -> list[int]:
+        """Close, roll up and prune everything the watermark has passed."""
+        cfg = self.config
+        closed: list[int] = []
+        for start, bucket in self.fine.items():
+            if bucket.ids is not None and start + cfg.bucket_ms + cfg.allowed_lateness_ms <= wm:
+                bucket.close()
+                self._touch(FINE, start)
+                closed.append(start + cfg.bucket_ms)
+        closed.sort()
+        # Roll up every hour whose minute buckets are all closed:
+        # its last minute [h + rollup − bucket, h + rollup) closes at h + rollup + lateness.
+        done = self._rolled_through_ms
+        complete = sorted(
+            {
+                s - s % cfg.rollup_ms
+                for s in self.fine
+                if s - s % cfg.rollup_ms + cfg.rollup_ms + cfg.allowed_lateness_ms <= wm
+            }
+        )
+        for hour in complete:
+            if (done is not None and hour < done) or hour in self.coarse:
+                continue
+            coarse = Bucket.empty(hour)
+            coarse.ids = None
+            for s, b in self.fine.items():
+                if hour <= s < hour + cfg.rollup_ms:
+                    coarse.merge(b, cfg.max_centroids)
+            self.coarse[hour] = coarse
+            self._touch(COARSE, hour)
+            self._rolled_through_ms = hour + cfg.rollup_ms
+        for start in [s for s in self.fine if s < wm - cfg.fine_retention_ms]:
+            del self.fine[start]
+            self._drop(FINE, start)
+        for start in [s for s in self.coarse if s < wm - cfg.retention_ms]:
+            del self.coarse[start]
+            self._drop(COARSE, start)
+        return closed
+
+    # ----------------------------------------------------------------- queries
+    def default_end(self) -> int | None:
+        """End of the bucket holding the watermark (so windows include open data)."""
+        if self.watermark_ms is None:
+            return None
+        width = self.config.bucket_ms
+        return self.watermark_ms - self.watermark_ms % width + width
+
+    def _parts(self, window_ms: int, end_ms: int | None) -> list[Bucket]:
+        end = self.default_end() if end_ms is None else end_ms
+        if end is None:
+            return []
+        start = end - window_ms
+        rollup = self.config.rollup_ms
+        parts: list[Bucket] = []
+        used: set[int] = set()
+        for hour, bucket in self.coarse.items():
+            if hour >= start and hour + rollup <= end:
+                parts.append(bucket)
+                used.add(hour)
+        for s, bucket in self.fine.items():
+            if start <= s < end and (s - s % rollup) not in used:
+                parts.append(bucket)
+        return parts
+
+    def window(self, window_ms: int, end_ms: int | None = None) -> Bucket:
+        """Merged bucket (counters, digests, exemplars) of ``[end − W, end)``."""
+        out = Bucket.empty(0)
+        out.ids = None
+        for part in self._parts(window_ms, end_ms):
+            out.merge(part, self.config.max_centroids)
+        return out
+
+    def counters(self, window_ms: int, end_ms: int | None = None) -> Counters:
+        """Exact counters of a window, without merging digests (cheap: burn rates)."""
+        total = Counters()
+        for part in self._parts(window_ms, end_ms):
+            total.add(part.counters)
+        return total
+
+    # ----------------------------------------------------------------- storage
+    def meta_bytes(self) -> bytes:
+        meta = _Meta(
+            watermark_ms=self.watermark_ms,
+            late=self.late,
+            duplicates=self.duplicates,
+            rolled_through_ms=self._rolled_through_ms,
+            fine=sorted(self.fine),
+            coarse=sorted(self.coarse),
+        )
+        return msgspec.msgpack.encode(meta)
+
+    def take_changes(self) -> Changes:
+        """Buckets written or deleted since the last call, plus the meta value."""
+        upserts = {}
+        for tier, start in sorted(self._dirty):
+            store = self.fine if tier == FINE else self.coarse
+            upserts[(tier, start)] = store[start].to_bytes()
+        changes = Changes(upserts=upserts, deletes=sorted(self._deleted), meta=self.meta_bytes())
+        self._dirty.clear()
+        self._deleted.clear()
+        return changes
+
+    @classmethod
+    def restore(
+        cls,
+        meta: bytes,
+        load: Callable[[str, int], bytes | None],
+        config: RingConfig | None = None,
+        thresholds: Thresholds | None = None,
+    ) -> "SeriesWindows":
+        """Rebuild from :meth:`meta_bytes` and the stored buckets (``load(tier, start)``).
+
+        A bucket listed in the meta but absent from the store (its record was
+        lost in a crash while the meta's was not) restores as empty: its input
+        will be replayed, and per-bucket ``applied`` offsets fill it exactly once.
+        """
+        try:
+            m = msgspec.msgpack.decode(meta, type=_Meta)
+        except msgspec.DecodeError as exc:
+            msg = f"series meta state does not decode ({exc})"
+            raise CorruptStateError(msg) from exc
+        state = cls(config, thresholds)
+        state.watermark_ms = m.watermark_ms
+        state.late = m.late
+        state.duplicates = m.duplicates
+        state._rolled_through_ms = m.rolled_through_ms
+        for tier, starts, store in ((FINE, m.fine, state.fine), (COARSE, m.coarse, state.coarse)):
+            for start in starts:
+                data = load(tier, start)
+                if data is None:
+                    if tier == FINE:
+                        store[start] = Bucket.empty(start)
+                    continue
+                store[start] = Bucket.from_bytes(data, key=(tier, start))
+        return state

@@ -1,0 +1,127 @@
+"""The topic catalogue: every topic tailguard reads or writes, in one place.
+
+``tailguard topics create`` creates them all from here, the agents declare their
+faust topics from here, and the docs table in README.md mirrors it. Names are
+the external contract of SPEC.md §1 and must not change.
+
+Partition counts: the input topics and the internal series topic share one
+count (``partitions``, default 4, env ``TAILGUARD_PARTITIONS``) because the
+tables that hold per-series state are co-partitioned with the series topic.
+Retention is in milliseconds; ``compact`` topics keep the latest value per key.
+
+A *namespace* prefix (env ``TAILGUARD_TOPIC_PREFIX``, default empty) puts a
+whole deployment's topics side by side with another's on one cluster; the
+integration tests use it to isolate each test. Without a prefix the names are
+exactly the contract's.
+"""
+
+import os
+from dataclasses import dataclass
+
+__all__ = [
+    "ADMIN",
+    "ADMIN_REPLIES",
+    "AUDIT",
+    "BREACHES",
+    "CAPACITY",
+    "DEADLETTER",
+    "EVALS",
+    "GPU",
+    "INFERENCE",
+    "INTERACTIONS",
+    "KV",
+    "OTLP",
+    "RELEASES",
+    "SERIES",
+    "SLI",
+    "TopicSpec",
+    "catalogue",
+    "default_partitions",
+    "default_prefix",
+]
+
+INFERENCE = "tailguard.inference"
+INTERACTIONS = "tailguard.interactions"
+GPU = "tailguard.gpu"
+KV = "tailguard.kv"
+EVALS = "tailguard.evals"
+ADMIN = "tailguard.admin"
+OTLP = "tailguard.otlp"
+SLI = "tailguard.sli"
+BREACHES = "tailguard.breaches"
+RELEASES = "tailguard.releases"
+CAPACITY = "tailguard.capacity"
+ADMIN_REPLIES = "tailguard.admin.replies"
+AUDIT = "tailguard.audit"
+DEADLETTER = "tailguard.deadletter"
+#: Internal: validated inference events re-keyed by series, so that one
+#: partition (and one worker) owns each series' state.
+SERIES = "tailguard.internal.series"
+
+_HOUR = 3_600_000
+_DAY = 24 * _HOUR
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """How one topic is created."""
+
+    name: str
+    partitions: int
+    retention_ms: int
+    compact: bool = False
+    description: str = ""
+
+    def config(self) -> dict[str, str]:
+        """Kafka topic configs for the admin client."""
+        cfg = {"retention.ms": str(self.retention_ms)}
+        cfg["cleanup.policy"] = "compact,delete" if self.compact else "delete"
+        return cfg
+
+
+def default_partitions() -> int:
+    """Partition count of the data topics (env ``TAILGUARD_PARTITIONS``, default 4)."""
+    raw = os.environ.get("TAILGUARD_PARTITIONS", "4")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        msg = f"TAILGUARD_PARTITIONS must be a positive integer, got {raw!r}"
+        raise ValueError(msg)
+    return value
+
+
+def default_prefix() -> str:
+    """Topic namespace prefix (env ``TAILGUARD_TOPIC_PREFIX``, default none)."""
+    return os.environ.get("TAILGUARD_TOPIC_PREFIX", "")
+
+
+def catalogue(partitions: int | None = None, prefix: str | None = None) -> list[TopicSpec]:
+    """Every topic of SPEC.md §1 plus the internal series topic."""
+    p = partitions or default_partitions()
+    pre = default_prefix() if prefix is None else prefix
+    return [
+        TopicSpec(pre + t.name, t.partitions, t.retention_ms, t.compact, t.description)
+        for t in _specs(p)
+    ]
+
+
+def _specs(p: int) -> list[TopicSpec]:
+    return [
+        TopicSpec(INFERENCE, p, 7 * _DAY, description="per-request inference events (input)"),
+        TopicSpec(INTERACTIONS, p, 7 * _DAY, description="user interactions (input)"),
+        TopicSpec(GPU, p, 1 * _DAY, description="NVML samples keyed host:gpu (input)"),
+        TopicSpec(KV, p, 1 * _DAY, description="KV-cache allocator snapshots (input)"),
+        TopicSpec(EVALS, 1, 30 * _DAY, description="offline evaluation scores (input)"),
+        TopicSpec(ADMIN, 1, 7 * _DAY, description="signed operator commands (input)"),
+        TopicSpec(OTLP, p, 1 * _DAY, description="OTLP trace spans (input)"),
+        TopicSpec(SERIES, p, 1 * _DAY, description="internal: inference events keyed by series"),
+        TopicSpec(SLI, p, 7 * _DAY, description="SLI snapshots per series and window"),
+        TopicSpec(BREACHES, p, 30 * _DAY, description="SLO breach lifecycle"),
+        TopicSpec(RELEASES, 1, 30 * _DAY, compact=True, description="gray-release decisions"),
+        TopicSpec(CAPACITY, 1, 30 * _DAY, description="capacity recommendations"),
+        TopicSpec(ADMIN_REPLIES, 1, 7 * _DAY, description="one reply per admin command"),
+        TopicSpec(AUDIT, 1, 90 * _DAY, description="audit trail"),
+        TopicSpec(DEADLETTER, p, 14 * _DAY, description="bad input with reasons"),
+    ]

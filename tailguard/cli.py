@@ -1,0 +1,162 @@
+"""The ``tailguard`` command.
+
+::
+
+    tailguard worker              run a worker (ingest + SLI agents)
+    tailguard simulate …          realistic LLM traffic into tailguard.inference
+    tailguard topics create       create every topic of the catalogue
+    tailguard topics list         show the catalogue
+    tailguard tail TOPIC          follow a topic, pretty-printed
+    tailguard watch               live table of SLIs per series
+    tailguard report              summary of the final SLI snapshots per series
+
+Operators get one-line errors, not tracebacks: every ``TailguardError`` is
+printed with what to do and exits with status 2.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from tailguard.errors import TailguardError
+
+__all__ = ["main"]
+
+_BROKER = click.option(
+    "--broker",
+    default=lambda: os.environ.get("TAILGUARD_BROKER", "localhost:9092"),
+    show_default="env TAILGUARD_BROKER or localhost:9092",
+    help="Kafka bootstrap servers.",
+)
+
+
+@click.group()
+@click.version_option(package_name="tailguard")
+def cli() -> None:
+    """tailguard: keep LLM serving inside its latency SLOs."""
+
+
+@cli.command()
+@_BROKER
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+              help="Worker state directory (env TAILGUARD_DATA_DIR, default .state/worker).")
+@click.option("--partitions", type=int, default=None, help="Partitions of the data topics.")
+@click.option("--snapshot-interval", type=float, default=None,
+              help="Seconds between provisional SLI snapshots (0: off).")
+@click.option("--windows", default=None, help="Comma-separated SLI windows, e.g. 1m,5m,1h.")
+@click.option("--lateness-ms", type=int, default=None, help="Allowed lateness in event time.")
+@click.option("--loglevel", default="info", show_default=True)
+def worker(broker: str, data_dir: Path | None, partitions: int | None, snapshot_interval: float | None,
+           windows: str | None, lateness_ms: int | None, loglevel: str) -> None:
+    """Run a worker: validate input, keep sliding windows, publish SLIs."""
+    from tailguard.agents.settings import Settings
+    from tailguard.agents.worker import run_worker
+    from tailguard.kafka_admin import ensure_broker
+
+    ensure_broker(broker)
+    settings = Settings.from_env(
+        broker=broker,
+        data_dir=data_dir,
+        partitions=partitions,
+        snapshot_interval_s=snapshot_interval,
+        sli_windows=tuple(windows.split(",")) if windows else None,
+        allowed_lateness_ms=lateness_ms,
+    )
+    sys.exit(run_worker(settings, loglevel=loglevel))
+
+
+@cli.group()
+def topics() -> None:
+    """Kafka topics of the catalogue."""
+
+
+@topics.command("create")
+@_BROKER
+@click.option("--partitions", type=int, default=None, help="Partitions of the data topics.")
+def topics_create(broker: str, partitions: int | None) -> None:
+    """Create every topic of the catalogue that does not exist (idempotent)."""
+    from tailguard.catalogue import catalogue
+    from tailguard.kafka_admin import create_topics
+
+    report = create_topics(broker, catalogue(partitions))
+    click.echo(f"created {len(report.created)} topic(s), {len(report.existing)} already existed")
+    for name in report.created:
+        click.echo(f"  + {name}")
+
+
+@topics.command("list")
+def topics_list() -> None:
+    """Print the catalogue."""
+    from tailguard.catalogue import catalogue
+
+    for spec in catalogue():
+        pol = "compact" if spec.compact else "delete"
+        click.echo(f"{spec.name:28} p={spec.partitions:<3} retention={spec.retention_ms // 3_600_000}h "
+                   f"{pol:8} {spec.description}")
+
+
+@cli.command()
+@_BROKER
+@click.argument("topic")
+@click.option("--from-beginning", is_flag=True, help="Start at the oldest record.")
+@click.option("-n", "--limit", type=int, default=None, help="Stop after N records.")
+def tail(broker: str, topic: str, from_beginning: bool, limit: int | None) -> None:
+    """Follow TOPIC, pretty-printing each JSON record."""
+    from tailguard.console import tail as run_tail
+
+    run_tail(broker, topic, from_beginning=from_beginning, limit=limit)
+
+
+@cli.command()
+@_BROKER
+@click.option("--window", default="1m", show_default=True)
+@click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
+def watch(broker: str, window: str, duration: float | None) -> None:
+    """Live table of the newest SLI snapshot per series."""
+    from tailguard.console import watch_sli
+
+    watch_sli(broker, window=window, duration_s=duration)
+
+
+@cli.command()
+@_BROKER
+@click.option("--window", default="1m", show_default=True)
+@click.option("--idle", type=float, default=5.0, show_default=True,
+              help="Stop reading after this many seconds without a record.")
+def report(broker: str, window: str, idle: float) -> None:
+    """Summarise the final SLI snapshots on the topic, per series."""
+    from tailguard.console import report as run_report
+
+    run_report(broker, idle_s=idle, window=window)
+
+
+def _attach_simulate() -> None:
+    from tailguard.simulator.cli import simulate
+
+    cli.add_command(simulate, "simulate")
+
+
+def main() -> None:
+    """Entry point: run the CLI, turning tailguard errors into one clear line."""
+    try:
+        _attach_simulate()
+    except ImportError as exc:  # the simulator is optional at import time
+        click.echo(f"warning: simulator unavailable ({exc})", err=True)
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except TailguardError as exc:
+        click.secho(f"error: {exc}", fg="red", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

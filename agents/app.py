@@ -1,7 +1,6 @@
 """The faust application object, configured from :class:`Settings`."""
 
 import faust
-
 from tailguard.agents.settings import Settings
 
 __all__ = ["make_app"]
@@ -26,7 +25,8 @@ def make_app(settings: Settings) -> faust.App:
         web_bind="127.0.0.1",
         producer_acks=-1,
         producer_linger_ms=5,
-        producer_compression_type="lz4",
+        producer_max_request_size=8 * 1024 * 1024,
+        consumer_max_fetch_size=8 * 1024 * 1024,
         consumer_auto_offset_reset="earliest",
         broker_commit_every=2_000,
         broker_commit_interval=1.0,

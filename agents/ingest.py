@@ -20,15 +20,24 @@ from typing import Any
 
 import faust
 import msgspec
-
 from tailguard.agents.internal import SeriesBatch, encode_batch, series_key
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.topics import Topics
-from tailguard.schemas import Limits, decode, dead_letter
+from tailguard.schemas import InferenceEvent, Limits, dead_letter, decode
 
-__all__ = ["register_ingest"]
+__all__ = ["MAX_FORWARD_EVENTS", "register_ingest"]
+
+#: Events per forwarded series message before it is cut (at an input-message
+#: boundary): ~270 bytes an event keeps messages well under a megabyte.
+MAX_FORWARD_EVENTS = 2_000
+
+
+def _new_batch(ev: InferenceEvent) -> SeriesBatch:
+    return SeriesBatch(
+        series=(ev.service, ev.model, ev.variant, ev.tenant), events=[], positions=[]
+    )
 
 
 def register_ingest(app: faust.App, topics: Topics, settings: Settings, stats: WorkerStats) -> Any:
@@ -58,15 +67,19 @@ def register_ingest(app: faust.App, topics: Topics, settings: Settings, stats: W
                     value, headers = frame(msgspec.to_builtins(record), source=settings.source)
                     await topics.deadletter.send(key=msg.key, value=value, headers=headers)
                 position = (msg.partition, msg.offset)
+                touched: set[str] = set()
                 for ev in decoded.valid:
                     key = series_key(ev.service, ev.model, ev.variant, ev.tenant)
                     batch = groups.get(key)
                     if batch is None:
-                        batch = groups[key] = SeriesBatch(
-                            series=(ev.service, ev.model, ev.variant, ev.tenant),
-                            events=[],
-                            positions=[],
-                        )
+                        batch = groups[key] = _new_batch(ev)
+                    elif key not in touched and len(batch.events) >= MAX_FORWARD_EVENTS:
+                        # Cut only between input messages: all events of one input
+                        # message for one series must travel together (per-bucket
+                        # replay protection compares whole input offsets).
+                        await topics.series.send(key=key.encode(), value=encode_batch(batch))
+                        batch = groups[key] = _new_batch(ev)
+                    touched.add(key)
                     batch.events.append(ev)
                     batch.positions.append(position)
                 stats.events_valid += len(decoded.valid)

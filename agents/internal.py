@@ -8,7 +8,6 @@ decode as cheap as the first.
 """
 
 import msgspec
-
 from tailguard.schemas import InferenceEvent
 
 __all__ = ["SeriesBatch", "decode_batch", "encode_batch", "series_key"]

@@ -3,7 +3,6 @@
 from dataclasses import dataclass
 
 import faust
-
 from tailguard.agents.app import make_app
 from tailguard.agents.ingest import register_ingest
 from tailguard.agents.settings import Settings

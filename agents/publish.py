@@ -3,7 +3,6 @@
 from typing import Any
 
 import msgspec
-
 from tailguard.schemas import ce_headers
 
 __all__ = ["frame"]

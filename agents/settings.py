@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tailguard.agents.errors import SettingsError
+
 from tailguard.catalogue import default_partitions, default_prefix
 
 __all__ = ["Settings"]

@@ -20,7 +20,6 @@ from typing import Any
 
 import faust
 from faust.types import TP
-
 from tailguard.agents.internal import decode_batch, series_key
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings

@@ -4,7 +4,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import faust
-
 from tailguard.agents.settings import Settings
 
 __all__ = ["Tables", "declare_tables"]
@@ -27,10 +26,9 @@ def declare_tables(app: faust.App, settings: Settings) -> Tables:
             name,
             default=None,
             partitions=settings.partitions,
+            # bytes ↔ faust's "raw" codec for keys, values and the changelog.
             key_type=bytes,
             value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
             options=settings.rocksdb_options(),
             help=help_,
         )

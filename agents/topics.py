@@ -4,9 +4,9 @@ from dataclasses import dataclass
 
 import faust
 from faust.types import TopicT
+from tailguard.agents.settings import Settings
 
 from tailguard import catalogue as cat
-from tailguard.agents.settings import Settings
 
 __all__ = ["Topics", "declare_topics"]
 

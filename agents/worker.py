@@ -15,7 +15,6 @@ import shutil
 from pathlib import Path
 
 import faust
-
 from tailguard.agents.pipeline import build
 from tailguard.agents.settings import Settings
 

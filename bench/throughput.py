@@ -31,10 +31,10 @@ import msgspec
 import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from tailguard.schemas import InferenceEvent
 
 from tailguard.catalogue import catalogue
 from tailguard.kafka_admin import create_topics
-from tailguard.schemas import InferenceEvent
 
 REPO = Path(__file__).resolve().parents[1]
 BROKER = os.environ.get("TAILGUARD_BROKER", "127.0.0.1:19092")
@@ -110,7 +110,7 @@ def group_committed(admin: AdminClient, group: str, topic: str) -> int:
     )
     try:
         res = fut[group].result(timeout=5)
-    except Exception:  # noqa: BLE001 - group not there yet
+    except Exception:
         return 0
     return sum(max(tp.offset, 0) for tp in res.topic_partitions)
 

@@ -13,7 +13,16 @@ no Kafka client), so producers and tests can use it cheaply.
 """
 
 from tailguard.schemas.cloudevents import ce_headers
-from tailguard.schemas.codec import DEFAULT_LIMITS, Decoded, Kind, Limits, Reject, decode, encode
+from tailguard.schemas.codec import (
+    DEFAULT_LIMITS,
+    Decoded,
+    Kind,
+    Limits,
+    MessageValue,
+    Reject,
+    decode,
+    encode,
+)
 from tailguard.schemas.deadletter import dead_letter, dead_letter_id
 from tailguard.schemas.errors import DeadLetterReason, SchemaError
 from tailguard.schemas.records import (
@@ -64,6 +73,7 @@ __all__ = [
     "KvSequence",
     "KvSnapshot",
     "Limits",
+    "MessageValue",
     "OutputRecord",
     "PercentileSummary",
     "Reject",

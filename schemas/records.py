@@ -35,7 +35,6 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import Meta
-
 from tailguard.schemas.errors import DeadLetterReason
 
 __all__ = [
@@ -104,8 +103,15 @@ Name = Annotated[str, Meta(min_length=1)]
 Percent = Annotated[float, Meta(ge=0, le=100)]
 NonNegative = Annotated[float, Meta(ge=0)]
 Ratio = Annotated[float, Meta(ge=0, le=1)]
+# The length bounds matter: Python's "$" also matches before a final newline.
 TraceId = Annotated[
-    str, Meta(pattern="^[0-9a-f]{32}$", description="W3C trace id: 32 lower-case hex digits.")
+    str,
+    Meta(
+        pattern="^[0-9a-f]{32}$",
+        min_length=32,
+        max_length=32,
+        description="W3C trace id: 32 lower-case hex digits.",
+    ),
 ]
 
 Status = Literal["ok", "error", "timeout", "cancelled", "rejected"]

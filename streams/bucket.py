@@ -18,7 +18,6 @@ from typing import Any
 
 import msgspec
 import numpy as np
-
 from tailguard.streams.digest import (
     TDigest,
     add_values,
@@ -163,6 +162,9 @@ class Bucket:
     #: Highest input offset folded in, per input partition: replaying an input
     #: message whose events this bucket already holds is a no-op.
     applied: dict[int, int] = field(default_factory=dict)
+    #: Restored empty because its record was lost: accepts replayed input even
+    #: though the watermark says it is closed (never stored).
+    refill: bool = False
 
     @classmethod
     def empty(cls, start_ms: int) -> "Bucket":
@@ -221,15 +223,19 @@ class Bucket:
         try:
             wire = msgspec.msgpack.decode(data, type=_Wire)
             digests = {k: digest_from_bytes(v) for k, v in wire.digests.items()}
-        except (msgspec.DecodeError, ValueError) as exc:
-            msg = f"bucket state {key!r} does not decode ({exc}); delete the worker data dir and let it restore from the changelog"
+            counters = Counters.from_list(wire.counters)
+            ids = None
+            if wire.ids is not None:
+                ids = set(np.frombuffer(wire.ids, dtype=np.uint64).tolist())
+        except (msgspec.DecodeError, ValueError, TypeError) as exc:
+            msg = (
+                f"bucket state {key!r} does not decode ({exc}); delete the worker data dir "
+                "and let it restore from the changelog"
+            )
             raise CorruptStateError(msg) from exc
-        ids = None
-        if wire.ids is not None:
-            ids = set(np.frombuffer(wire.ids, dtype=np.uint64).tolist())
         return cls(
             start_ms=wire.start_ms,
-            counters=Counters.from_list(wire.counters),
+            counters=counters,
             digests=digests,
             ids=ids,
             exemplars=[(float(e), str(t)) for e, t in wire.exemplars],

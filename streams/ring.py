@@ -34,15 +34,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
-
 from tailguard.streams.bucket import Accumulator, Bucket, Counters, event_hash
-from tailguard.streams.digest import DEFAULT_MAX_CENTROIDS
+from tailguard.streams.digest import COARSE_MAX_CENTROIDS, DEFAULT_MAX_CENTROIDS
 from tailguard.streams.errors import ConfigError, CorruptStateError
 from tailguard.streams.sli import LatencyEvent, Thresholds
 
 __all__ = [
-    "FINE",
     "COARSE",
+    "FINE",
     "WINDOWS",
     "AddResult",
     "Changes",
@@ -75,9 +74,10 @@ class RingConfig:
     retention_ms: int = 3 * 86_400_000 + 3_600_000
     allowed_lateness_ms: int = 120_000
     max_centroids: int = DEFAULT_MAX_CENTROIDS
+    coarse_max_centroids: int = COARSE_MAX_CENTROIDS
 
     def __post_init__(self) -> None:
-        if self.bucket_ms <= 0 or self.rollup_ms % self.bucket_ms:
+        if self.bucket_ms <= 0 or self.rollup_ms <= 0 or self.rollup_ms % self.bucket_ms:
             msg = f"rollup_ms ({self.rollup_ms}) must be a positive multiple of bucket_ms ({self.bucket_ms})"
             raise ConfigError(msg)
         if self.allowed_lateness_ms < 0:
@@ -93,9 +93,11 @@ class RingConfig:
         if self.retention_ms < self.fine_retention_ms:
             msg = f"retention_ms ({self.retention_ms}) must be ≥ fine_retention_ms ({self.fine_retention_ms})"
             raise ConfigError(msg)
-        if not 20 <= self.max_centroids <= 10_000:
-            msg = f"max_centroids must be in 20..10000, got {self.max_centroids}"
-            raise ConfigError(msg)
+        for name in ("max_centroids", "coarse_max_centroids"):
+            value = getattr(self, name)
+            if not 20 <= value <= 10_000:
+                msg = f"{name} must be in 20..10000, got {value}"
+                raise ConfigError(msg)
 
 
 @dataclass(slots=True)
@@ -172,17 +174,22 @@ class SeriesWindows:
         for i, ev in enumerate(events):
             ts = ev.ts_ms
             start = ts - ts % width
-            if wm is not None and start + width + lateness <= wm:
+            bucket = self.fine.get(start)
+            if positions is not None:
+                part, offset = positions[i]
+                if bucket is not None and offset <= bucket.applied.get(part, -1):
+                    result.replayed += 1
+                    continue
+            if (
+                wm is not None
+                and start + width + lateness <= wm
+                and not (bucket is not None and bucket.refill)
+            ):
                 result.late += 1
                 continue
-            bucket = self.fine.get(start)
             if bucket is None:
                 bucket = self.fine[start] = Bucket.empty(start)
             if positions is not None:
-                part, offset = positions[i]
-                if offset <= bucket.applied.get(part, -1):
-                    result.replayed += 1
-                    continue
                 marks = seen.setdefault(start, {})
                 if offset > marks.get(part, -1):
                     marks[part] = offset
@@ -220,6 +227,9 @@ class SeriesWindows:
         if wm is not None and wm != self.watermark_ms:
             self.watermark_ms = wm
             result.closed_ends = self._advance(wm)
+            for bucket in self.fine.values():
+                # New input has arrived: replay of what was lost is over.
+                bucket.refill = False
         return result
 
     def _touch(self, tier: str, start: int) -> None:
@@ -257,7 +267,7 @@ class SeriesWindows:
             coarse.ids = None
             for s, b in self.fine.items():
                 if hour <= s < hour + cfg.rollup_ms:
-                    coarse.merge(b, cfg.max_centroids)
+                    coarse.merge(b, cfg.coarse_max_centroids)
             self.coarse[hour] = coarse
             self._touch(COARSE, hour)
             self._rolled_through_ms = hour + cfg.rollup_ms
@@ -361,7 +371,7 @@ class SeriesWindows:
                 data = load(tier, start)
                 if data is None:
                     if tier == FINE:
-                        store[start] = Bucket.empty(start)
+                        store[start] = Bucket(start_ms=start, refill=True)
                     continue
                 store[start] = Bucket.from_bytes(data, key=(tier, start))
         return state

@@ -67,6 +67,11 @@ class Thresholds:
         if self.e2e_ms is not None and not self.e2e_ms > 0:
             msg = f"threshold e2e_ms must be > 0 ms or None, got {self.e2e_ms!r}"
             raise ConfigError(msg)
+        for name in ("ttft_weight", "itl_weight"):
+            weight = getattr(self, name)
+            if not 0.0 <= weight <= 1.0:  # also refuses NaN
+                msg = f"composite weight {name} must be in [0, 1], got {weight!r}"
+                raise ConfigError(msg)
         if abs(self.ttft_weight + self.itl_weight - 1.0) > 1e-9:
             msg = (
                 f"composite weights must sum to 1, got ttft {self.ttft_weight} "

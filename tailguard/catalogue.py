@@ -71,10 +71,11 @@ class TopicSpec:
     retention_ms: int
     compact: bool = False
     description: str = ""
+    max_message_bytes: int = 8 * 1024 * 1024
 
     def config(self) -> dict[str, str]:
         """Kafka topic configs for the admin client."""
-        cfg = {"retention.ms": str(self.retention_ms)}
+        cfg = {"retention.ms": str(self.retention_ms), "max.message.bytes": str(self.max_message_bytes)}
         cfg["cleanup.policy"] = "compact,delete" if self.compact else "delete"
         return cfg
 
@@ -102,7 +103,8 @@ def catalogue(partitions: int | None = None, prefix: str | None = None) -> list[
     p = partitions or default_partitions()
     pre = default_prefix() if prefix is None else prefix
     return [
-        TopicSpec(pre + t.name, t.partitions, t.retention_ms, t.compact, t.description)
+        TopicSpec(pre + t.name, t.partitions, t.retention_ms, t.compact, t.description,
+                  t.max_message_bytes)
         for t in _specs(p)
     ]
 

@@ -10,8 +10,8 @@ Bursty arrivals are a Markov-modulated Poisson process with two states::
     calm ───────────────╮  Exp(mean D_c)  ╭──────────── burst ─────╮ Exp(mean D_b)
          ◀──────────────┴─────────────────┴────────────────────────╯
 
-    D_b = burst_mean_s,   D_c = D_b · (1 − f) / f     (f = burst_fraction)
-    mean rate = r_c·(1 − f) + r_b·f = rate  ⇒  r_c = rate / (1 − f + burst_factor·f)
+    D_b = burst_mean_s,   D_c = D_b · (1 - f) / f     (f = burst_fraction)
+    mean rate = r_c·(1 - f) + r_b·f = rate  ⇒  r_c = rate / (1 - f + burst_factor·f)
 
 Within a state the arrivals are Poisson; the first state is drawn from the
 stationary distribution (burst with probability f).
@@ -19,7 +19,7 @@ stationary distribution (burst with probability f).
 Replay reads ``TIMESTAMP,ContextTokens,GeneratedTokens`` rows, e.g. the Azure
 LLM inference trace 2023 (CC-BY 4.0; Patel, Choukse, Zhang, Shah, Goiri,
 Maleki, Bianchini, "Splitwise: Efficient generative LLM inference using phase
-splitting", ISCA 2024): offset = (TIMESTAMP − first TIMESTAMP) / speedup.
+splitting", ISCA 2024): offset = (TIMESTAMP - first TIMESTAMP) / speedup.
 TIMESTAMP is ISO 8601 (``2023-11-16 18:15:46.6805900``, read as UTC; digits
 past microseconds are dropped) or a number of seconds.
 """

@@ -24,10 +24,10 @@ kind                 effect on the matching requests                            
                      ``min_batch=4`` up to 350 ms (+50 ms backoff): P95 TTFT
                      ~320 ms → ~1840 ms while status stays ``ok`` and QPS normal
 ``error_burst``      error / timeout / rejected statuses rise                    non-ok rate [0.15]
-``noisy_neighbor``   the target tenant sends ``intensity`` × its usual load;     load multiplier [4.0]
+``noisy_neighbor``   the target tenant sends ``intensity`` x its usual load;     load factor [4.0]
                      everyone on the same service/model queues longer and
                      streams slower (the target needs a ``tenant``)
-``slow_treatment``   prefill (hence TTFT) of one variant is ``intensity`` ×      TTFT factor [1.6]
+``slow_treatment``   prefill (hence TTFT) of one variant is ``intensity`` x      TTFT factor [1.6]
                      slower; the variant defaults to the last one ("treatment")
 ===================  =========================================================  ========
 """
@@ -37,6 +37,7 @@ from __future__ import annotations
 import csv
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -144,8 +145,8 @@ def _weights(name: str, values: object, n: int) -> tuple[float, ...]:
 class ModelSpec:
     """One model of a service and how fast it serves.
 
-    ``itl_median_ms`` is the median gap between streamed tokens (25–35 ms is
-    typical of a 7–70 B model on one H100-class node); ``ttft_scale``
+    ``itl_median_ms`` is the median gap between streamed tokens (25-35 ms is
+    typical of a 7-70 B model on one H100-class node); ``ttft_scale``
     multiplies its prefill time; ``weight`` is its share of the service's
     traffic; the model runs on ``instances`` instances of
     ``gpus_per_instance`` GPUs each (tensor parallelism).
@@ -350,7 +351,9 @@ class Incident:
                     allowed = ", ".join((*_TARGET_KEYS, "intensity"))
                     msg = f"incident {text!r}: unknown filter key {key!r} (allowed: {allowed})"
                     raise _fail(msg)
-        return cls(kind=kind, start_s=start, end_s=end, target=Target(**target), intensity=intensity)
+        return cls(
+            kind=kind, start_s=start, end_s=end, target=Target(**target), intensity=intensity
+        )
 
 
 DEFAULT_SERVICES: tuple[ServiceSpec, ...] = (
@@ -393,7 +396,7 @@ class SimConfig:
 
     - ``"poisson"``: a homogeneous Poisson process of ``rate`` requests/s.
     - ``"bursty"``: a 2-state Markov-modulated Poisson process (calm/burst).
-      The burst state sends ``burst_factor`` × the calm rate, holds for an
+      The burst state sends ``burst_factor`` x the calm rate, holds for an
       exponential time of mean ``burst_mean_s``, and takes
       ``burst_fraction`` of the time on average; the calm rate is chosen so
       the long-run mean rate is ``rate``.
@@ -401,13 +404,14 @@ class SimConfig:
       columns ``TIMESTAMP,ContextTokens,GeneratedTokens`` (the Azure LLM
       inference trace 2023, CC-BY 4.0, Patel et al., "Splitwise", ISCA 2024),
       time-compressed by ``speedup`` and shifted to ``start_ms``; ``rate`` is
-      ignored and ``duration_s=None`` replays the whole trace.
+      ignored, ``duration_s=None`` replays the whole trace, and token counts
+      of 0 are raised to 1 (every ``ok`` request streams a first token).
 
     ``start_ms`` is the event time of the first arrival (Unix epoch ms; default:
     now, resolved once at construction so the same config always yields the
     same events). ``tenant_weights`` default to Zipf (1, 1/2, 1/3, …).
-    ``max_itl_gaps`` caps ``itl_ms`` (see :func:`tailguard.simulator.model.generate`);
-    ``None`` keeps one gap per token.
+    Sequences are stored as tuples. ``max_itl_gaps`` caps ``itl_ms`` (see
+    :func:`tailguard.simulator.model.generate`); ``None`` keeps one gap per token.
     """
 
     rate: float = 50.0
@@ -416,13 +420,13 @@ class SimConfig:
     arrivals: str = "poisson"
     trace: str | Path | None = None
     speedup: float = 1.0
-    services: tuple[ServiceSpec, ...] = DEFAULT_SERVICES
-    tenants: tuple[str, ...] = DEFAULT_TENANTS
-    tenant_weights: tuple[float, ...] | None = None
-    variants: tuple[str, ...] = DEFAULT_VARIANTS
+    services: Sequence[ServiceSpec] = DEFAULT_SERVICES
+    tenants: Sequence[str] = DEFAULT_TENANTS
+    tenant_weights: Sequence[float] | None = None
+    variants: Sequence[str] = DEFAULT_VARIANTS
     experiment: str | None = "exp-ttft-1"
     start_ms: int | None = None
-    incidents: tuple[Incident, ...] = ()
+    incidents: Sequence[Incident] = ()
     users_per_tenant: int = 200
     burst_factor: float = 5.0
     burst_fraction: float = 0.1
@@ -541,7 +545,7 @@ class SimConfig:
 
     def _check_target(self, inc: Incident) -> None:
         t = inc.target
-        known: dict[str, tuple[str, ...]] = {
+        known: dict[str, Sequence[str]] = {
             "service": tuple(s.name for s in self.services),
             "model": tuple(dict.fromkeys(m.name for s in self.services for m in s.models)),
             "tenant": self.tenants,
@@ -552,8 +556,7 @@ class SimConfig:
             value = getattr(t, key)
             if value is not None and value not in names:
                 msg = (
-                    f"{inc.kind}: target {key} {value!r} does not exist "
-                    f"(known: {', '.join(names)})"
+                    f"{inc.kind}: target {key} {value!r} does not exist (known: {', '.join(names)})"
                 )
                 raise _fail(msg)
         if t.service is not None and t.model is not None:

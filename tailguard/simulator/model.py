@@ -12,12 +12,12 @@ without it differ only inside the incident.
 Latency of one request (all ms; ``LN(m, s)`` is lognormal with median ``m``,
 log-space sigma ``s``)::
 
-    arrival ─ tokenize ─ queue ──────────────────────────── prefill ─┬─ decode ──────── detokenize ─ end
-                         scheduler + batch wait + throttle            first token
-              │◀────────────────────── ttft_ms ─────────────────────▶│◀─ Σ itl_ms ─▶│
+    arrival ─ tokenize ─ queue ─────────────────────── prefill ─┬─ decode ───── detokenize ─ end
+                         scheduler + batch wait + throttle       first token
+              │◀─────────────────── ttft_ms ───────────────────▶│◀─ Σ itl_ms ─▶│
 
     tokenize = (0.3 + 0.0012·input_tokens) · LN(1, 0.25)
-    queue    = LN(12, 0.8) · (1 + 0.6·(load − 1))           scheduler queue, noisy neighbours
+    queue    = LN(12, 0.8) · (1 + 0.6·(load - 1))           scheduler queue, noisy neighbours
              + batch.wait_ms                                 normally Exp(mean 3 ms)
              + throttle wait                                 0 unless flow-controlled
     prefill  = (110 + 0.2·uncached + 0.01·cached) · ttft_scale(model) · slow · LN(1, 0.33)
@@ -26,7 +26,7 @@ log-space sigma ``s``)::
     e2e      = ttft + Σ gaps + detokenize (0.2 + 0.004·output_tokens)
 
 With the default fleet this gives TTFT median ≈ 180 ms and P95 ≈ 320 ms, gaps
-around 25–35 ms, and about 0.2 % non-ok requests (error 70 %, timeout 30 %).
+around 25-35 ms, and about 0.2 % non-ok requests (error 70 %, timeout 30 %).
 Prefix-cache hits are drawn per request from Beta(60, 0.8) (mean 98.7 %).
 
 Silent collapse (SPEC §3 item 3; the article's chain) on a hit request:
@@ -34,21 +34,21 @@ Silent collapse (SPEC §3 item 3; the article's chain) on a hit request:
 - prefix-cache miss storm: hit share ~ Beta(0.75, 9.5) (mean 7.3 %), so the
   prefill runs over ~93 % of the prompt;
 - dynamic batching with ``min_batch=4``, ``timeout=350 ms``, backoff 50 ms:
-  70 % of requests wait out the timeout in an under-filled batch (size 1–3),
-  ``wait = 350 + 50·(2^k − 1)`` after ``k`` consecutive timeouts (k geometric,
+  70 % of requests wait out the timeout in an under-filled batch (size 1-3),
+  ``wait = 350 + 50·(2^k - 1)`` after ``k`` consecutive timeouts (k geometric,
   ≤ 4), ``batch.timed_out = true``; the rest fill to 4 after U(50, 350) ms;
 - token flow control at 128 tokens/s (``flow_control.limit_tokens_per_s`` is
   128 on every hit request, 4096 otherwise): 65 % are ``throttled`` and wait
   deficit/128 s for the token bucket (deficit ~ Exp(mean 48 tokens)), and their
-  gaps are floored at (3–5 streams)/128 s.
+  gaps are floored at (3-5 streams)/128 s.
 
 The P95 TTFT of hit requests goes from ~320 ms to ~1840 ms while ``status`` stays
 ``ok`` and the arrival rate is untouched.
 
 ``itl_ms`` holds one gap per streamed chunk after the first (vLLM's
 benchmark semantics). One token is one chunk, so ``len(itl_ms) =
-output_tokens − 1`` — except that the list is capped at ``cfg.max_itl_gaps``
-(default 64) to keep events small: when ``output_tokens − 1 = n`` exceeds the
+output_tokens - 1`` — except that the list is capped at ``cfg.max_itl_gaps``
+(default 64) to keep events small: when ``output_tokens - 1 = n`` exceeds the
 cap ``c``, the ``n`` token gaps are grouped into ``c`` consecutive chunks in
 ``numpy.array_split`` order (the first ``n mod c`` chunks hold ``n // c + 1``
 tokens, the rest ``n // c``) and each element is the sum of its chunk's gaps.
@@ -163,7 +163,9 @@ class _Fleet:
         self.inst_gpus = [gpus for _, _, gpus in layout]
         self.inst_pair = np.repeat(np.arange(len(pairs)), counts)
         svcs = cfg.services
-        self.svc_in = np.array([(math.log(s.input_tokens_median), s.input_tokens_sigma) for s in svcs])
+        self.svc_in = np.array(
+            [(math.log(s.input_tokens_median), s.input_tokens_sigma) for s in svcs]
+        )
         self.svc_out = np.array(
             [(math.log(s.output_tokens_median), s.output_tokens_sigma) for s in svcs]
         )
@@ -308,9 +310,7 @@ def _match(fleet: _Fleet, tg: _Target, r: _Requests, variant: IntArray) -> BoolA
     return m
 
 
-def _chunk(
-    gaps: FloatArray, n_gaps: IntArray, cap: int | None
-) -> tuple[FloatArray, IntArray]:
+def _chunk(gaps: FloatArray, n_gaps: IntArray, cap: int | None) -> tuple[FloatArray, IntArray]:
     """Group each request's token gaps into at most ``cap`` chunks, all requests at once.
 
     Request ``e`` owns ``gaps[o_e : o_e + n_e]``; with ``q, r = divmod(n_e, cap)``
@@ -324,20 +324,20 @@ def _chunk(
     if len(gaps) == 0:
         return np.empty(0), chunk_off
     if cap is None:
-        return np.round(gaps, 2), chunk_off
+        return np.round(gaps, 2).astype(np.float64), chunk_off
     gap_off = np.concatenate(([0], np.cumsum(n_gaps))).astype(np.int64)
     owner = np.repeat(np.arange(len(n_gaps)), n_chunks)
     k = np.arange(int(chunk_off[-1])) - chunk_off[owner]
     q, rem = np.divmod(n_gaps[owner], cap)
     starts = gap_off[owner] + k * q + np.minimum(k, rem)
-    return np.round(np.add.reduceat(gaps, starts), 2), chunk_off
+    return np.round(np.add.reduceat(gaps, starts), 2).astype(np.float64), chunk_off
 
 
 def _simulate(
     fleet: _Fleet,
     block: ArrivalBlock,
     rng: np.random.Generator,
-        tag: str,
+    tag: str,
     seq0: int,
 ) -> list[dict[str, Any]]:
     cfg = fleet.cfg
@@ -453,9 +453,7 @@ def _simulate(
     status_i = np.where(is_err, 1, np.where(is_timeout, 2, np.where(is_rejected, 3, 0)))
     err_i = np.where(is_err, u_err, np.where(is_timeout, 3, 4))
     hit = np.where(is_rejected, 0, hit)
-    b_size = np.where(is_rejected, 0, b_size)
-    b_wait_r = np.where(is_rejected, 0.0, np.round(b_wait, 3))
-    timed_out = timed_out & ~is_rejected
+    b_wait_r = np.round(b_wait, 3)
 
     # --- assemble the dicts ---
     ts_ms = (cfg.first_ms + np.floor(r.t_s * 1000.0)).astype(np.int64)
@@ -512,7 +510,8 @@ def _simulate(
             "detokenize": dtk,
         }
         ev["cache"] = {"prefix_hit_tokens": hit_i, "prefix_query_tokens": inp_i}
-        ev["batch"] = {"size": bs, "wait_ms": bw, "timed_out": bto}
+        if st != 3:  # a rejected request never reached the batcher
+            ev["batch"] = {"size": bs, "wait_ms": bw, "timed_out": bto}
         ev["flow_control"] = {"throttled": thr, "limit_tokens_per_s": lim}
         events.append(ev)
     return events
@@ -520,9 +519,9 @@ def _simulate(
 
 def run_tag(cfg: SimConfig) -> str:
     """The event-id prefix of a run: ``sim-`` + 12 hex digits of hash(seed, start_ms)."""
-    return "sim-" + hashlib.blake2b(
-        f"{cfg.seed}:{cfg.first_ms}".encode(), digest_size=6
-    ).hexdigest()
+    return (
+        "sim-" + hashlib.blake2b(f"{cfg.seed}:{cfg.first_ms}".encode(), digest_size=6).hexdigest()
+    )
 
 
 def generate(cfg: SimConfig) -> Iterator[dict[str, Any]]:

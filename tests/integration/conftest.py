@@ -34,7 +34,7 @@ TEST_STATE = Path(os.environ.get("TAILGUARD_TEST_STATE", REPO / ".state" / "test
 def _answers(broker: str) -> bool:
     try:
         AdminClient({"bootstrap.servers": broker}).list_topics(timeout=3)
-    except Exception:  # noqa: BLE001 - any failure means "not answering"
+    except Exception:
         return False
     return True
 
@@ -94,10 +94,10 @@ class WorkerProcess:
 
     def start(self) -> "WorkerProcess":
         self.starts += 1
-        log = self.log_path.open("ab")
-        log.write(f"\n===== start {self.starts} =====\n".encode())
-        log.flush()
-        self.proc = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        with self.log_path.open("ab") as log:
+            log.write(f"\n===== start {self.starts} =====\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         return self
 
     def kill(self) -> None:

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-
 pytestmark = pytest.mark.integration
 
 PCTS = {"p50": 50, "p90": 90, "p95": 95, "p99": 99, "p999": 99.9}
@@ -43,7 +42,7 @@ def make_events(service: str, n: int, rng: np.random.Generator, start_ms: int) -
 
 def batches(events: list[dict[str, Any]], size: int) -> list[tuple[bytes, bytes]]:
     return [
-        (events[i]["service"].encode(), json.dumps(events[i:i + size]).encode())
+        (f"{events[i]['service']}/{i % 7}".encode(), json.dumps(events[i:i + size]).encode())
         for i in range(0, len(events), size)
     ]
 
@@ -147,7 +146,8 @@ def test_malformed_input_is_dead_lettered_and_valid_events_still_count(
     worker = worker_factory("w1").start()
     dead = collector("tailguard.deadletter")
     sli = collector("tailguard.sli")
-    dead.wait_for(lambda r: len(r) >= len(bad), timeout=180, worker=worker)
+    dead.wait_for(lambda r: {(x["partition"], x["offset"]) for x in r} >= bad_positions,
+                  timeout=180, worker=worker)
     sli.wait_for(lambda r: (s := latest_1h(r, "svc-valid")) is not None and s["count"] == len(valid),
                  timeout=120, worker=worker)
     assert worker.alive()
@@ -169,7 +169,7 @@ def test_worker_killed_mid_stream_resumes_with_exact_counts(
     produce(namespace.broker, namespace.topic("tailguard.inference"), batches(events, 100))
     worker = worker_factory("w1").start()
     sli = collector("tailguard.sli")
-    sli.wait_for(lambda r: (s := latest_1h(r, "svc-kill")) is not None and 0 < s["count"],
+    sli.wait_for(lambda r: (s := latest_1h(r, "svc-kill")) is not None and s["count"] > 0,
                  timeout=120, worker=worker)
     worker.kill()
     worker.start()

@@ -11,7 +11,6 @@ from itertools import count
 from typing import Any
 
 import pytest
-
 from tailguard.streams import RingConfig, SeriesWindows, Thresholds
 
 #: An hour-aligned event time (2023-11-14 21:00 UTC) that the tests count from.

@@ -1,0 +1,116 @@
+"""The digest wire format: the ``tdigest`` package's dict, checked against ``tdigest`` itself.
+
+``tdigest`` (pure Python) is the reference oracle here: it is what a
+subscriber of ``tailguard.sli`` uses to load the published digests.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import tdigest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tailguard.streams import PERCENTILES, Bucket, Thresholds, summarize
+from tailguard.streams.digest import (
+    DEFAULT_MAX_CENTROIDS,
+    TDigest,
+    add_values,
+    from_tdigest_dict,
+    new_digest,
+    to_tdigest_dict,
+)
+
+QUANTILES = list(PERCENTILES.values())
+
+
+@pytest.fixture(scope="module")
+def window_digest() -> TDigest:
+    """A window-like digest: 100 000 lognormal TTFTs folded in 200 at a time."""
+    values = np.random.default_rng(11).lognormal(np.log(300.0), 0.6, 100_000)
+    digest = None
+    for i in range(0, values.size, 200):
+        digest = add_values(digest, values[i : i + 200], DEFAULT_MAX_CENTROIDS)
+    assert digest is not None
+    return digest
+
+
+def test_tdigest_dict_has_the_tdigest_package_layout(window_digest: TDigest) -> None:
+    wire = to_tdigest_dict(window_digest)
+    assert set(wire) == {"n", "delta", "K", "centroids"}
+    assert wire["n"] == 100_000
+    assert all(set(c) == {"m", "c"} for c in wire["centroids"])
+    assert sum(c["c"] for c in wire["centroids"]) == pytest.approx(100_000)
+    means = [c["m"] for c in wire["centroids"]]
+    assert means == sorted(means)
+    assert len(wire["centroids"]) <= DEFAULT_MAX_CENTROIDS + 1
+
+
+def test_tdigest_dict_survives_json(window_digest: TDigest) -> None:
+    wire = to_tdigest_dict(window_digest)
+    assert json.loads(json.dumps(wire)) == wire
+
+
+def test_tdigest_package_loads_the_dict_and_gives_the_same_percentiles(
+    window_digest: TDigest,
+) -> None:
+    oracle = tdigest.TDigest().update_from_dict(to_tdigest_dict(window_digest))
+    assert oracle.n == pytest.approx(window_digest.n_values)
+    for q in QUANTILES:
+        assert oracle.percentile(q * 100) == pytest.approx(window_digest.quantile(q), rel=0.01), q
+
+
+def test_published_window_digests_load_into_the_tdigest_package(window_digest: TDigest) -> None:
+    bucket = Bucket.empty(0)
+    bucket.digests["ttft_ms"] = window_digest
+    summary = summarize(bucket, 60_000, Thresholds(), with_digests=True)
+    assert summary.digests is not None
+    oracle = tdigest.TDigest().update_from_dict(summary.digests["ttft_ms"])
+    assert oracle.percentile(99) == pytest.approx(summary.latency["ttft_ms"]["p99"], rel=0.01)
+
+
+def test_from_tdigest_dict_round_trips_the_centroids_exactly(window_digest: TDigest) -> None:
+    wire = to_tdigest_dict(window_digest)
+    assert to_tdigest_dict(from_tdigest_dict(wire)) == wire
+
+
+def test_from_tdigest_dict_round_trips_the_published_percentiles(window_digest: TDigest) -> None:
+    restored = from_tdigest_dict(to_tdigest_dict(window_digest))
+    assert restored.n_values == window_digest.n_values
+    for q in QUANTILES:
+        assert restored.quantile(q) == pytest.approx(window_digest.quantile(q), rel=1e-9), q
+
+
+def test_from_tdigest_dict_loads_a_digest_built_by_the_tdigest_package() -> None:
+    values = np.random.default_rng(5).lognormal(np.log(40.0), 0.5, 5_000)
+    oracle = tdigest.TDigest()
+    oracle.batch_update(values.tolist())
+    loaded = from_tdigest_dict(oracle.to_dict())
+    assert loaded.n_values == 5_000
+    for q in QUANTILES[:-1]:  # P99.9 of 5 000 values sits on one or two samples
+        assert loaded.quantile(q) == pytest.approx(oracle.percentile(q * 100), rel=0.01), q
+
+
+def test_an_empty_digest_round_trips_to_an_empty_digest() -> None:
+    wire = to_tdigest_dict(new_digest())
+    assert wire["centroids"] == []
+    assert from_tdigest_dict(wire).is_empty()
+    assert from_tdigest_dict({}).is_empty()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.floats(min_value=0.0, max_value=3_600_000.0, allow_nan=False),
+        min_size=1,
+        max_size=2_000,
+    )
+)
+def test_any_latency_digest_round_trips_through_the_dict(values: list[float]) -> None:
+    digest = add_values(None, values, DEFAULT_MAX_CENTROIDS)
+    wire = to_tdigest_dict(digest)
+    restored = from_tdigest_dict(wire)
+    assert to_tdigest_dict(restored) == wire
+    assert restored.n_values == len(values)
+    for q in QUANTILES:
+        assert restored.quantile(q) == pytest.approx(digest.quantile(q), rel=1e-9, abs=1e-9)

@@ -1,0 +1,432 @@
+"""Event-time semantics of ``SeriesWindows``: lateness, dedup, closing, windows, roll-up, pruning.
+
+Default ring: 1 min buckets, 2 min allowed lateness, 1 h roll-ups, minute
+buckets kept 2 h, hour buckets kept 3 d + 1 h. ``t0`` is hour-aligned, so the
+minute bucket ``[t0 + i min, t0 + (i+1) min)`` closes once the watermark reaches
+``t0 + (i + 3) min``.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from tailguard.streams import WINDOWS, CorruptStateError, RingConfig, SeriesWindows
+
+SECOND_MS = 1_000
+MINUTE_MS = 60_000
+HOUR_MS = 3_600_000
+
+MakeEvent = Callable[..., Any]
+MakeWindows = Callable[..., SeriesWindows]
+
+
+def minute(t0: int, i: int, seconds: int = 0) -> int:
+    return t0 + i * MINUTE_MS + seconds * SECOND_MS
+
+
+# ------------------------------------------------------------------ lateness
+
+
+def test_out_of_order_event_within_lateness_is_merged(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    windows = make_windows()
+    windows.add([make_event(minute(t0, 3))])
+    result = windows.add([make_event(minute(t0, 1, 30))])
+    assert (result.accepted, result.late) == (1, 0)
+    assert windows.fine[minute(t0, 1)].counters.requests == 1
+    assert windows.counters(WINDOWS["5m"]).requests == 2
+    assert windows.watermark_ms == minute(t0, 3)
+
+
+def test_late_event_is_counted_not_merged(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    windows = make_windows()
+    windows.add([make_event(minute(t0, 5))])
+    result = windows.add([make_event(minute(t0, 1, 10))])
+    assert (result.accepted, result.late) == (0, 1)
+    assert windows.late == 1
+    assert minute(t0, 1) not in windows.fine
+    assert windows.counters(WINDOWS["1h"]).requests == 1
+
+
+@pytest.mark.parametrize(
+    ("watermark_offset_ms", "late"),
+    [(-1, 0), (0, 1)],
+    ids=["one-ms-before-close-is-on-time", "at-close-is-late"],
+)
+def test_a_bucket_closes_exactly_when_the_watermark_reaches_its_end_plus_lateness(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows, watermark_offset_ms: int, late: int
+) -> None:
+    windows = make_windows()
+    closes_at = minute(t0, 2) + 120_000  # end of [t0+1m, t0+2m) + lateness
+    windows.add([make_event(closes_at + watermark_offset_ms)])
+    result = windows.add([make_event(minute(t0, 1, 59))])
+    assert result.late == late
+    assert result.accepted == 1 - late
+
+
+def test_an_event_is_judged_against_the_watermark_of_the_events_before_it_in_its_batch(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    windows = make_windows()
+    batch = [make_event(minute(t0, 1)), make_event(minute(t0, 9)), make_event(minute(t0, 1))]
+    result = windows.add(batch)
+    assert (result.accepted, result.late) == (2, 1)
+    assert windows.fine[minute(t0, 1)].counters.requests == 1
+
+
+def test_a_late_event_does_not_move_the_watermark(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    windows = make_windows()
+    windows.add([make_event(minute(t0, 9))])
+    windows.add([make_event(minute(t0, 1))])
+    assert windows.watermark_ms == minute(t0, 9)
+
+
+# ------------------------------------------------------------------ duplicates
+
+
+@pytest.mark.parametrize("same_batch", [True, False], ids=["same-batch", "next-batch"])
+def test_duplicate_event_id_in_an_open_bucket_is_counted_once_and_as_a_duplicate(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows, same_batch: bool
+) -> None:
+    windows = make_windows()
+    first = make_event(minute(t0, 1, 5), event_id="req-42")
+    again = make_event(minute(t0, 1, 5), event_id="req-42")
+    if same_batch:
+        results = [windows.add([first, again])]
+    else:
+        results = [windows.add([first]), windows.add([again])]
+    assert sum(r.accepted for r in results) == 1
+    assert sum(r.duplicates for r in results) == 1
+    assert windows.duplicates == 1
+    assert windows.counters(WINDOWS["5m"]).requests == 1
+    assert windows.window(WINDOWS["5m"]).digests["ttft_ms"].n_values == 1
+
+
+def test_a_duplicate_of_an_event_whose_bucket_closed_is_late_not_counted_twice(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    windows = make_windows()
+    windows.add([make_event(minute(t0, 1), event_id="req-7")])
+    windows.add([make_event(minute(t0, 10))])
+    result = windows.add([make_event(minute(t0, 1), event_id="req-7")])
+    assert (result.accepted, result.duplicates, result.late) == (0, 0, 1)
+    assert windows.counters(WINDOWS["1h"]).requests == 2
+
+
+def test_distinct_event_ids_with_the_same_timestamp_are_not_duplicates(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    windows = make_windows()
+    result = windows.add([make_event(minute(t0, 1)) for _ in range(5)])
+    assert (result.accepted, result.duplicates) == (5, 0)
+
+
+# ------------------------------------------------------------------ closing
+
+
+def test_closed_ends_reports_each_minute_bucket_once_as_it_closes(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    windows = make_windows()
+    first = windows.add([make_event(minute(t0, i, 10)) for i in range(3)])
+    assert first.closed_ends == []
+    # Watermark t0+5m: [t0, t0+1m), [t0+1m, t0+2m) and [t0+2m, t0+3m) have closed.
+    second = windows.add([make_event(minute(t0, 5))])
+    assert second.closed_ends == [minute(t0, 1), minute(t0, 2), minute(t0, 3)]
+    assert all(windows.fine[minute(t0, i)].ids is None for i in range(3))
+    assert windows.fine[minute(t0, 5)].ids is not None
+    assert windows.add([make_event(minute(t0, 5, 30))]).closed_ends == []
+    assert windows.add([make_event(minute(t0, 8))]).closed_ends == [minute(t0, 6)]
+
+
+def test_closed_ends_are_oldest_first_when_one_batch_closes_many(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    windows = make_windows()
+    assert windows.add([make_event(minute(t0, i)) for i in (2, 0, 1)]).closed_ends == []
+    result = windows.add([make_event(minute(t0, 30))])
+    assert result.closed_ends == [minute(t0, 1), minute(t0, 2), minute(t0, 3)]
+
+
+# ------------------------------------------------------------------ windows
+
+
+@pytest.fixture
+def ninety_minutes(t0: int, make_event: MakeEvent, make_windows: MakeWindows) -> SeriesWindows:
+    """Minute ``i`` of t0 … t0+89 holds ``i % 7 + 1`` requests, fed one minute per batch."""
+    windows = make_windows()
+    for i in range(90):
+        windows.add([make_event(minute(t0, i, 30)) for _ in range(i % 7 + 1)])
+    return windows
+
+
+def expected(first: int, last: int) -> int:
+    """Requests in minutes ``first … last`` of the ``ninety_minutes`` fixture."""
+    return sum(i % 7 + 1 for i in range(first, last + 1))
+
+
+@pytest.mark.parametrize(
+    ("window", "first_minute"),
+    [("1m", 89), ("5m", 85), ("30m", 60), ("1h", 30)],
+)
+def test_windows_ending_at_the_watermark_hold_exactly_their_minutes(
+    ninety_minutes: SeriesWindows, window: str, first_minute: int
+) -> None:
+    want = expected(first_minute, 89)
+    assert ninety_minutes.counters(WINDOWS[window]).requests == want
+    merged = ninety_minutes.window(WINDOWS[window])
+    assert merged.counters.requests == want
+    assert merged.digests["ttft_ms"].n_values == want
+
+
+@pytest.mark.parametrize(
+    ("window", "end_minute"),
+    [("1m", 60), ("5m", 47), ("1h", 60), ("1h", 61), ("1h", 75)],
+)
+def test_windows_with_an_explicit_end_hold_exactly_their_minutes(
+    ninety_minutes: SeriesWindows, t0: int, window: str, end_minute: int
+) -> None:
+    first_minute = end_minute - WINDOWS[window] // MINUTE_MS
+    want = expected(max(first_minute, 0), end_minute - 1)
+    end = minute(t0, end_minute)
+    assert ninety_minutes.counters(WINDOWS[window], end_ms=end).requests == want
+    assert ninety_minutes.window(WINDOWS[window], end_ms=end).counters.requests == want
+
+
+def test_the_first_hour_is_rolled_up_while_its_minutes_are_still_kept(
+    ninety_minutes: SeriesWindows, t0: int
+) -> None:
+    assert list(ninety_minutes.coarse) == [t0]
+    assert ninety_minutes.coarse[t0].counters.requests == expected(0, 59)
+    assert ninety_minutes.coarse[t0].ids is None
+    assert min(ninety_minutes.fine) == t0
+
+
+def test_an_empty_ring_has_empty_windows(make_windows: MakeWindows) -> None:
+    windows = make_windows()
+    assert windows.default_end() is None
+    assert windows.counters(WINDOWS["1h"]).requests == 0
+    assert windows.window(WINDOWS["1h"]).digests == {}
+
+
+# ------------------------------------------------------------------ windows longer than an hour
+
+
+@pytest.fixture
+def five_hours(t0: int, make_event: MakeEvent, make_windows: MakeWindows) -> SeriesWindows:
+    """One request per minute over t0 … t0+5h, fed 10 minutes per batch."""
+    windows = make_windows()
+    for batch in range(30):
+        windows.add([make_event(minute(t0, 10 * batch + i, 20)) for i in range(10)])
+    return windows
+
+
+def test_hours_are_rolled_up_once_closed(five_hours: SeriesWindows, t0: int) -> None:
+    # Watermark t0 + 4 h 59 min 20 s: hour t0+3h closed at t0+4h+2min, hour t0+4h is open.
+    assert sorted(five_hours.coarse) == [t0 + k * HOUR_MS for k in range(4)]
+    assert all(b.counters.requests == 60 for b in five_hours.coarse.values())
+
+
+@pytest.mark.parametrize("window", ["6h", "1d", "3d"])
+def test_windows_longer_than_an_hour_count_rolled_up_hours_once(
+    five_hours: SeriesWindows, window: str
+) -> None:
+    # Hour t0+3h is stored twice (roll-up and its minutes): it must count once.
+    assert five_hours.counters(WINDOWS[window]).requests == 300
+    assert five_hours.window(WINDOWS[window]).digests["ttft_ms"].n_values == 300
+
+
+@pytest.mark.parametrize(
+    ("window_ms", "end_ms_from_t0", "want"),
+    [
+        (2 * HOUR_MS, 4 * HOUR_MS, 120),  # hours 2 and 3, both as roll-ups
+        (90 * MINUTE_MS, 4 * HOUR_MS + 30 * MINUTE_MS, 90),  # roll-up 3 + 30 minutes of hour 4
+        (WINDOWS["6h"], 7 * HOUR_MS + 30 * MINUTE_MS, 180),  # old edge: half of hour 1 is gone
+    ],
+    ids=["two-rolled-up-hours", "roll-up-plus-minutes", "partial-old-hour-dropped"],
+)
+def test_long_windows_merge_whole_hours_and_minutes_without_double_counting(
+    five_hours: SeriesWindows, t0: int, window_ms: int, end_ms_from_t0: int, want: int
+) -> None:
+    assert five_hours.counters(window_ms, end_ms=t0 + end_ms_from_t0).requests == want
+
+
+# ------------------------------------------------------------------ pruning
+
+
+def test_minute_buckets_are_pruned_after_fine_retention_and_reported_as_deletes(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    windows = make_windows()
+    windows.add([make_event(t0 + 10 * SECOND_MS)])
+    windows.take_changes()
+    windows.add([make_event(t0 + 2 * HOUR_MS)])  # t0 is not older than wm - 2 h yet
+    changes = windows.take_changes()
+    assert t0 in windows.fine
+    assert ("h", t0) in changes.upserts  # rolled up meanwhile
+    assert ("m", t0) not in changes.deletes
+    windows.add([make_event(t0 + 2 * HOUR_MS + 1)])
+    changes = windows.take_changes()
+    assert t0 not in windows.fine
+    assert changes.deletes == [("m", t0)]
+    assert ("m", t0) not in changes.upserts
+    assert windows.coarse[t0].counters.requests == 1
+
+
+def test_hour_buckets_are_pruned_after_retention_and_reported_as_deletes(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    windows = make_windows()
+    retention = RingConfig().retention_ms
+    windows.add([make_event(t0 + 10 * SECOND_MS)])
+    windows.add([make_event(t0 + 3 * HOUR_MS)])
+    windows.take_changes()
+    windows.add([make_event(t0 + retention)])
+    assert t0 in windows.coarse
+    assert ("h", t0) not in windows.take_changes().deletes
+    windows.add([make_event(t0 + retention + 1)])
+    changes = windows.take_changes()
+    assert t0 not in windows.coarse
+    assert ("h", t0) in changes.deletes
+    # Left: the roll-up of hour t0+3h and the minute holding t0+retention(+1 ms).
+    assert windows.counters(WINDOWS["3d"]).requests == 3
+
+
+def test_take_changes_reports_only_what_changed_since_the_last_call(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    windows = make_windows()
+    windows.add([make_event(minute(t0, 1)), make_event(minute(t0, 2))])
+    assert set(windows.take_changes().upserts) == {("m", minute(t0, 1)), ("m", minute(t0, 2))}
+    idle = windows.take_changes()
+    assert (idle.upserts, idle.deletes) == ({}, [])
+    windows.add([make_event(minute(t0, 2, 30))])
+    assert set(windows.take_changes().upserts) == {("m", minute(t0, 2))}
+
+
+# ------------------------------------------------------------------ replay by input position
+
+
+def test_replaying_an_input_message_already_in_its_bucket_counts_nothing_twice(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    windows = make_windows()
+    events = [make_event(minute(t0, 1, s)) for s in range(3)]
+    first = windows.add(events, positions=[(0, 17)] * 3)
+    again = windows.add(events, positions=[(0, 17)] * 3)
+    assert first.accepted == 3
+    assert (again.accepted, again.replayed, again.duplicates) == (0, 3, 0)
+    assert windows.counters(WINDOWS["5m"]).requests == 3
+
+
+def test_a_later_input_position_is_not_mistaken_for_a_replay(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    windows = make_windows()
+    windows.add([make_event(minute(t0, 1))], positions=[(0, 17)])
+    batch = [make_event(minute(t0, 1)), make_event(minute(t0, 1))]
+    result = windows.add(batch, positions=[(0, 18), (1, 3)])
+    assert (result.accepted, result.replayed) == (2, 0)
+
+
+# ------------------------------------------------------------------ stored state
+
+
+@pytest.fixture
+def stored(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> tuple[bytes, dict[Any, bytes]]:
+    """Meta bytes and bucket records of a ring with one minute and one hour bucket."""
+    windows = make_windows()
+    windows.add([make_event(t0 + 5 * SECOND_MS), make_event(t0 + 2 * HOUR_MS)])
+    changes = windows.take_changes()
+    return changes.meta, dict(changes.upserts)
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [b"", b"\xff", b"\x93\x01\x02\x03", b"\x81\xa1a\x01"],
+    ids=["empty", "bad-msgpack", "short-array", "map"],
+)
+def test_corrupt_meta_bytes_raise_corrupt_state_error(meta: bytes) -> None:
+    with pytest.raises(CorruptStateError, match="meta"):
+        SeriesWindows.restore(meta, lambda tier, start: None)
+
+
+def test_every_truncation_of_the_meta_raises_corrupt_state_error(
+    stored: tuple[bytes, dict[Any, bytes]],
+) -> None:
+    meta, buckets = stored
+    for cut in range(len(meta)):
+        with pytest.raises(CorruptStateError):
+            SeriesWindows.restore(meta[:cut], lambda tier, start: buckets.get((tier, start)))
+
+
+def test_a_corrupt_bucket_record_raises_corrupt_state_error_naming_its_key(
+    stored: tuple[bytes, dict[Any, bytes]], t0: int
+) -> None:
+    meta, buckets = stored
+    buckets[("h", t0)] = buckets[("h", t0)][:-3]
+    with pytest.raises(CorruptStateError, match=rf"\('h', {t0}\)"):
+        SeriesWindows.restore(meta, lambda tier, start: buckets.get((tier, start)))
+
+
+def test_a_minute_bucket_missing_from_the_store_restores_empty(
+    stored: tuple[bytes, dict[Any, bytes]], t0: int
+) -> None:
+    meta, buckets = stored
+    minute_of_last_event = t0 + 2 * HOUR_MS
+    del buckets[("m", minute_of_last_event)]
+    restored = SeriesWindows.restore(meta, lambda tier, start: buckets.get((tier, start)))
+    assert restored.fine[minute_of_last_event].counters.requests == 0
+    assert restored.coarse[t0].counters.requests == 1
+
+
+def test_replayed_input_whose_bucket_has_closed_is_counted_as_replayed_not_late(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    windows = make_windows()
+    first = make_event(t0 + 10 * SECOND_MS)
+    windows.add([first], positions=[(0, 1)])
+    windows.add([make_event(minute(t0, 10))], positions=[(0, 2)])
+    again = windows.add([first], positions=[(0, 1)])
+    assert (again.replayed, again.late) == (1, 0)
+    assert windows.late == 0
+
+
+def test_a_lost_bucket_record_is_refilled_by_replay_after_its_bucket_closed(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    # One input batch: its first event's bucket closes within the same call.
+    batch = [make_event(t0 + 10 * SECOND_MS), make_event(minute(t0, 10))]
+    positions = [(0, 1), (0, 2)]
+    original = make_windows()
+    original.add(batch, positions=positions)
+    changes = original.take_changes()
+    store = dict(changes.upserts)
+    del store[("m", t0)]  # the crash lost this record; the meta's reached the changelog
+    restored = SeriesWindows.restore(changes.meta, lambda tier, start: store.get((tier, start)))
+    restored.add(batch, positions=positions)
+    assert restored.counters(WINDOWS["1h"]) == original.counters(WINDOWS["1h"])
+    assert restored.late == original.late == 0
+
+
+def test_a_lost_bucket_record_of_an_open_bucket_is_refilled_by_replay(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    batch = [make_event(minute(t0, 1)), make_event(minute(t0, 2))]
+    positions = [(0, 1), (0, 2)]
+    original = make_windows()
+    original.add(batch, positions=positions)
+    changes = original.take_changes()
+    store = dict(changes.upserts)
+    del store[("m", minute(t0, 1))]
+    restored = SeriesWindows.restore(changes.meta, lambda tier, start: store.get((tier, start)))
+    result = restored.add(batch, positions=positions)
+    assert (result.accepted, result.replayed) == (1, 1)
+    assert restored.counters(WINDOWS["1h"]) == original.counters(WINDOWS["1h"])

@@ -10,9 +10,7 @@ __all__ = ["frame"]
 _encode = msgspec.json.Encoder().encode
 
 
-def frame(
-    payload: dict[str, Any], *, source: str
-) -> tuple[bytes, list[tuple[str, bytes]]]:
+def frame(payload: dict[str, Any], *, source: str) -> tuple[bytes, list[tuple[str, bytes]]]:
     """Encode an output event (which carries ``schema``, ``event_id``, ``ts_ms``)
     and its CloudEvents headers."""
     headers = ce_headers(payload["schema"], payload["event_id"], payload["ts_ms"], source=source)

@@ -83,12 +83,19 @@ def register_sli(
     """Attach the SLI agent, its provisional-snapshot timer and the rebalance hook."""
     names: dict[str, tuple[str, str, str, str]] = {}
 
-    async def publish(series: tuple[str, str, str, str], state: SeriesWindows, end_ms: int, *, final: bool) -> None:
+    async def publish(
+        series: tuple[str, str, str, str], state: SeriesWindows, end_ms: int, *, final: bool
+    ) -> None:
         now = int(time.time() * 1000)
         key = series_key(*series).encode()
         for window in settings.sli_windows:
             payload = snapshot_payload(
-                series, state, window, end_ms, final=final, now_ms=now,
+                series,
+                state,
+                window,
+                end_ms,
+                final=final,
+                now_ms=now,
                 with_digests=settings.attach_digests,
             )
             value, headers = frame(payload, source=settings.source)
@@ -127,6 +134,8 @@ def register_sli(
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
-        store.forget_partitions({tp.partition for tp in revoked if tp.topic == topics.series.get_topic_name()})
+        store.forget_partitions(
+            {tp.partition for tp in revoked if tp.topic == topics.series.get_topic_name()}
+        )
 
     return sli

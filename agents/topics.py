@@ -25,7 +25,12 @@ def declare_topics(app: faust.App, settings: Settings) -> Topics:
     """Topic handles; the topics themselves are created by ``tailguard topics create``."""
 
     def topic(name: str) -> TopicT:
-        return app.topic(settings.topic_prefix + name, key_serializer="raw", value_serializer="raw", allow_empty=True)
+        return app.topic(
+            settings.topic_prefix + name,
+            key_serializer="raw",
+            value_serializer="raw",
+            allow_empty=True,
+        )
 
     return Topics(
         inference=topic(cat.INFERENCE),

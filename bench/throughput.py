@@ -57,14 +57,22 @@ def make_messages(n: int, series: int, seed: int = 1) -> list[bytes]:
         for i in range(lo, min(n, lo + PER_MESSAGE)):
             s = int(sid[i])
             itl = gaps[i].tolist()
-            batch.append({
-                "event_id": f"b{i}", "ts_ms": start + i * 1_500_000 // n,
-                "service": f"svc{s % 10}", "model": f"m{(s // 10) % 10}",
-                "tenant": f"t{(s // 100) % 5}", "variant": "control" if s < series // 2 else "treatment",
-                "status": "ok", "ttft_ms": round(float(ttft[i]), 2),
-                "e2e_ms": round(float(ttft[i]) + sum(itl), 2), "output_tokens": 10,
-                "input_tokens": 300, "itl_ms": itl,
-            })
+            batch.append(
+                {
+                    "event_id": f"b{i}",
+                    "ts_ms": start + i * 1_500_000 // n,
+                    "service": f"svc{s % 10}",
+                    "model": f"m{(s // 10) % 10}",
+                    "tenant": f"t{(s // 100) % 5}",
+                    "variant": "control" if s < series // 2 else "treatment",
+                    "status": "ok",
+                    "ttft_ms": round(float(ttft[i]), 2),
+                    "e2e_ms": round(float(ttft[i]) + sum(itl), 2),
+                    "output_tokens": 10,
+                    "input_tokens": 300,
+                    "itl_ms": itl,
+                }
+            )
         msgs.append(enc.encode(batch))
     return msgs
 
@@ -84,8 +92,14 @@ def preload(topic: str, msgs: list[bytes]) -> None:
 def ceiling(topic: str, n_msgs: int) -> tuple[float, int]:
     """Bare consume + typed decode of every message; returns (seconds, events)."""
     dec = msgspec.json.Decoder(list[InferenceEvent])
-    c = Consumer({"bootstrap.servers": BROKER, "group.id": f"ceil-{uuid.uuid4().hex}",
-                  "enable.auto.commit": False, "fetch.max.bytes": 52428800})
+    c = Consumer(
+        {
+            "bootstrap.servers": BROKER,
+            "group.id": f"ceil-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 52428800,
+        }
+    )
     c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
     seen = events = 0
     t0 = None
@@ -119,16 +133,42 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
     topic = prefix + "tailguard.inference"
     sli_topic = prefix + "tailguard.sli"
     data = Path(tempfile.mkdtemp(prefix="tg-bench-"))
-    env = {**os.environ, "TAILGUARD_BROKER": BROKER, "TAILGUARD_TOPIC_PREFIX": prefix,
-           "TAILGUARD_APP_ID": app_id, "TAILGUARD_PARTITIONS": str(PARTITIONS)}
+    env = {
+        **os.environ,
+        "TAILGUARD_BROKER": BROKER,
+        "TAILGUARD_TOPIC_PREFIX": prefix,
+        "TAILGUARD_APP_ID": app_id,
+        "TAILGUARD_PARTITIONS": str(PARTITIONS),
+    }
     log = open(data / "worker.log", "wb")  # noqa: SIM115 - closed below
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "tailguard.cli", "worker", "--data-dir",
-                             str(data / "state"), "--snapshot-interval", "1", "--windows", "1h",
-                             "--loglevel", "warning"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tailguard.cli",
+            "worker",
+            "--data-dir",
+            str(data / "state"),
+            "--snapshot-interval",
+            "1",
+            "--windows",
+            "1h",
+            "--loglevel",
+            "warning",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     admin = AdminClient({"bootstrap.servers": BROKER})
-    c = Consumer({"bootstrap.servers": BROKER, "group.id": f"sli-{uuid.uuid4().hex}",
-                  "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": BROKER,
+            "group.id": f"sli-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
     first_commit = None
     latest: dict[str, int] = {}
     deadline = time.monotonic() + 900
@@ -154,7 +194,9 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
                 done_at = time.perf_counter()
                 break
         if done_at is None:
-            raise SystemExit(f"worker did not account for all events in time ({sum(latest.values())}/{total})")
+            raise SystemExit(
+                f"worker did not account for all events in time ({sum(latest.values())}/{total})"
+            )
         rss = 0.0
         for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -165,8 +207,12 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
         c.close()
         log.close()
     t0 = first_commit or started
-    return {"seconds": done_at - t0, "startup_s": t0 - started, "peak_rss_mib": round(rss, 1),
-            "series_seen": len(latest)}
+    return {
+        "seconds": done_at - t0,
+        "startup_s": t0 - started,
+        "peak_rss_mib": round(rss, 1),
+        "series_seen": len(latest),
+    }
 
 
 def main() -> None:

@@ -370,6 +370,20 @@ class SliSnapshot(_Output, kw_only=True):
     digests: Annotated[
         dict[str, TDigestDict] | None, Meta(description="Metric name → t-digest, if attached.")
     ] = None
+    window: Annotated[str | None, Meta(description="Window name: 1m, 5m, 30m, 1h, 6h, 1d, 3d.")] = None
+    final: Annotated[
+        bool,
+        Meta(
+            description=(
+                "true: the window ends at a closed bucket and will not change (event time); "
+                "false: a provisional snapshot that includes the open minute."
+            )
+        ),
+    ] = True
+    late: Annotated[Count, Meta(description="Late events of the series so far (not merged).")] = 0
+    duplicates: Annotated[
+        Count, Meta(description="Duplicate event_ids of the series so far (counted once).")
+    ] = 0
 
 
 class DeadLetter(_Output, kw_only=True):

@@ -129,6 +129,7 @@ class _Meta(msgspec.Struct, array_like=True):
     rolled_through_ms: int | None
     fine: list[int]
     coarse: list[int]
+    counted: dict[int, int] = {}
 
 
 class SeriesWindows:
@@ -143,6 +144,14 @@ class SeriesWindows:
         self.late = 0
         self.duplicates = 0
         self._rolled_through_ms: int | None = None
+        #: Highest input offset per input partition whose late and duplicate
+        #: tallies are already in ``late`` / ``duplicates`` (kept in the meta, so
+        #: the tallies and their marks are always stored together).
+        self._counted: dict[int, int] = {}
+        #: Merged closed buckets per (window, end, first, last, n): closed buckets
+        #: never change, so a window's closed part is merged once per minute,
+        #: and a provisional snapshot only adds the open buckets to it.
+        self._closed_cache: dict[tuple[int, int, int, int, int], Bucket] = {}
         self._dirty: set[tuple[str, int]] = set()
         self._deleted: set[tuple[str, int]] = set()
 
@@ -171,12 +180,18 @@ class SeriesWindows:
         accs: dict[int, Accumulator] = {}
         wm = self.watermark_ms
         seen: dict[int, dict[int, int]] = {}
+        counted = self._counted
+        newest: dict[int, int] = {}
         for i, ev in enumerate(events):
             ts = ev.ts_ms
             start = ts - ts % width
             bucket = self.fine.get(start)
+            tally = True  # count late/duplicate, unless this position was counted before
             if positions is not None:
                 part, offset = positions[i]
+                if offset > newest.get(part, -1):
+                    newest[part] = offset
+                tally = offset > counted.get(part, -1)
                 if bucket is not None and offset <= bucket.applied.get(part, -1):
                     result.replayed += 1
                     continue
@@ -185,7 +200,8 @@ class SeriesWindows:
                 and start + width + lateness <= wm
                 and not (bucket is not None and bucket.refill)
             ):
-                result.late += 1
+                if tally:
+                    result.late += 1
                 continue
             if bucket is None:
                 bucket = self.fine[start] = Bucket.empty(start)
@@ -197,7 +213,8 @@ class SeriesWindows:
             ids = bucket.ids
             if ids is not None:
                 if h in ids:
-                    result.duplicates += 1
+                    if tally:
+                        result.duplicates += 1
                     continue
                 ids.add(h)
             acc = accs.get(start)
@@ -216,6 +233,9 @@ class SeriesWindows:
             result.accepted += 1
             if wm is None or ts > wm:
                 wm = ts
+        for part, offset in newest.items():
+            if offset > counted.get(part, -1):
+                counted[part] = offset
         for start, marks in seen.items():
             self.fine[start].applied.update(marks)
             self._touch(FINE, start)
@@ -306,10 +326,27 @@ class SeriesWindows:
 
     def window(self, window_ms: int, end_ms: int | None = None) -> Bucket:
         """Merged bucket (counters, digests, exemplars) of ``[end − W, end)``."""
+        end = self.default_end() if end_ms is None else end_ms
+        parts = self._parts(window_ms, end)
+        closed = [p for p in parts if p.ids is None and not p.refill]
         out = Bucket.empty(0)
         out.ids = None
-        for part in self._parts(window_ms, end_ms):
-            out.merge(part, self.config.max_centroids)
+        if closed:
+            starts = [p.start_ms for p in closed]
+            key = (window_ms, end or 0, min(starts), max(starts), len(closed))
+            cached = self._closed_cache.get(key)
+            if cached is None:
+                if len(self._closed_cache) >= 32:
+                    self._closed_cache.clear()
+                cached = Bucket.empty(0)
+                cached.ids = None
+                for part in closed:
+                    cached.merge(part, self.config.max_centroids)
+                self._closed_cache[key] = cached
+            out.merge(cached, self.config.max_centroids)
+        for part in parts:
+            if part.ids is not None or part.refill:
+                out.merge(part, self.config.max_centroids)
         return out
 
     def counters(self, window_ms: int, end_ms: int | None = None) -> Counters:
@@ -328,6 +365,7 @@ class SeriesWindows:
             rolled_through_ms=self._rolled_through_ms,
             fine=sorted(self.fine),
             coarse=sorted(self.coarse),
+            counted=self._counted,
         )
         return msgspec.msgpack.encode(meta)
 
@@ -366,12 +404,16 @@ class SeriesWindows:
         state.late = m.late
         state.duplicates = m.duplicates
         state._rolled_through_ms = m.rolled_through_ms
+        state._counted = dict(m.counted)
         for tier, starts, store in ((FINE, m.fine, state.fine), (COARSE, m.coarse, state.coarse)):
             for start in starts:
                 data = load(tier, start)
                 if data is None:
                     if tier == FINE:
                         store[start] = Bucket(start_ms=start, refill=True)
+                    elif state._rolled_through_ms is not None:
+                        # Let the hour be rolled up again from its minute buckets.
+                        state._rolled_through_ms = min(state._rolled_through_ms, start)
                     continue
                 store[start] = Bucket.from_bytes(data, key=(tier, start))
         return state

@@ -75,7 +75,10 @@ class TopicSpec:
 
     def config(self) -> dict[str, str]:
         """Kafka topic configs for the admin client."""
-        cfg = {"retention.ms": str(self.retention_ms), "max.message.bytes": str(self.max_message_bytes)}
+        cfg = {
+            "retention.ms": str(self.retention_ms),
+            "max.message.bytes": str(self.max_message_bytes),
+        }
         cfg["cleanup.policy"] = "compact,delete" if self.compact else "delete"
         return cfg
 
@@ -103,8 +106,14 @@ def catalogue(partitions: int | None = None, prefix: str | None = None) -> list[
     p = partitions or default_partitions()
     pre = default_prefix() if prefix is None else prefix
     return [
-        TopicSpec(pre + t.name, t.partitions, t.retention_ms, t.compact, t.description,
-                  t.max_message_bytes)
+        TopicSpec(
+            pre + t.name,
+            t.partitions,
+            t.retention_ms,
+            t.compact,
+            t.description,
+            t.max_message_bytes,
+        )
         for t in _specs(p)
     ]
 

@@ -40,16 +40,31 @@ def cli() -> None:
 
 @cli.command()
 @_BROKER
-@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
-              help="Worker state directory (env TAILGUARD_DATA_DIR, default .state/worker).")
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Worker state directory (env TAILGUARD_DATA_DIR, default .state/worker).",
+)
 @click.option("--partitions", type=int, default=None, help="Partitions of the data topics.")
-@click.option("--snapshot-interval", type=float, default=None,
-              help="Seconds between provisional SLI snapshots (0: off).")
+@click.option(
+    "--snapshot-interval",
+    type=float,
+    default=None,
+    help="Seconds between provisional SLI snapshots (0: off).",
+)
 @click.option("--windows", default=None, help="Comma-separated SLI windows, e.g. 1m,5m,1h.")
 @click.option("--lateness-ms", type=int, default=None, help="Allowed lateness in event time.")
 @click.option("--loglevel", default="info", show_default=True)
-def worker(broker: str, data_dir: Path | None, partitions: int | None, snapshot_interval: float | None,
-           windows: str | None, lateness_ms: int | None, loglevel: str) -> None:
+def worker(
+    broker: str,
+    data_dir: Path | None,
+    partitions: int | None,
+    snapshot_interval: float | None,
+    windows: str | None,
+    lateness_ms: int | None,
+    loglevel: str,
+) -> None:
     """Run a worker: validate input, keep sliding windows, publish SLIs."""
     from tailguard.agents.settings import Settings
     from tailguard.agents.worker import run_worker
@@ -93,8 +108,10 @@ def topics_list() -> None:
 
     for spec in catalogue():
         pol = "compact" if spec.compact else "delete"
-        click.echo(f"{spec.name:28} p={spec.partitions:<3} retention={spec.retention_ms // 3_600_000}h "
-                   f"{pol:8} {spec.description}")
+        click.echo(
+            f"{spec.name:28} p={spec.partitions:<3} retention={spec.retention_ms // 3_600_000}h "
+            f"{pol:8} {spec.description}"
+        )
 
 
 @cli.command()
@@ -123,8 +140,13 @@ def watch(broker: str, window: str, duration: float | None) -> None:
 @cli.command()
 @_BROKER
 @click.option("--window", default="1m", show_default=True)
-@click.option("--idle", type=float, default=5.0, show_default=True,
-              help="Stop reading after this many seconds without a record.")
+@click.option(
+    "--idle",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Stop reading after this many seconds without a record.",
+)
 def report(broker: str, window: str, idle: float) -> None:
     """Summarise the final SLI snapshots on the topic, per series."""
     from tailguard.console import report as run_report

@@ -88,8 +88,18 @@ def _ms(value: Any) -> str:
 def sli_table(latest: dict[str, dict[str, Any]], window: str) -> Table:
     """A rich table of the latest snapshot per series for ``window``."""
     table = Table(title=f"tailguard · SLIs per series · window {window}", expand=True)
-    for col in ("series", "n", "err", "TTFT p50", "TTFT p95", "TTFT p99", "ITL p99", "E2E p95",
-                "SLO compl.", "goodput/s"):
+    for col in (
+        "series",
+        "n",
+        "err",
+        "TTFT p50",
+        "TTFT p95",
+        "TTFT p99",
+        "ITL p99",
+        "E2E p95",
+        "SLO compl.",
+        "goodput/s",
+    ):
         table.add_column(col, justify="left" if col == "series" else "right")
     for key in sorted(latest):
         s = latest[key]
@@ -110,7 +120,9 @@ def sli_table(latest: dict[str, dict[str, Any]], window: str) -> Table:
     return table
 
 
-def watch_sli(broker: str, *, window: str = "1m", duration_s: float | None = None) -> dict[str, dict[str, Any]]:
+def watch_sli(
+    broker: str, *, window: str = "1m", duration_s: float | None = None
+) -> dict[str, dict[str, Any]]:
     """Live table of the newest snapshot per series; returns the last ones seen."""
     latest: dict[str, dict[str, Any]] = {}
     with Live(sli_table(latest, window), refresh_per_second=2) as live:
@@ -141,9 +153,18 @@ def report(broker: str, *, idle_s: float = 5.0, window: str = "1m") -> dict[str,
             continue
         s = snap["series"]
         name = f"{s['service']}/{s['model']}/{s['variant']}/{s['tenant']}"
-        row = rows.setdefault(name, {"minutes": 0, "requests": 0, "errors": 0,
-                                     "best_p95": None, "worst_p95": None,
-                                     "worst_compliance": 1.0, "worst_end_ms": None})
+        row = rows.setdefault(
+            name,
+            {
+                "minutes": 0,
+                "requests": 0,
+                "errors": 0,
+                "best_p95": None,
+                "worst_p95": None,
+                "worst_compliance": 1.0,
+                "worst_end_ms": None,
+            },
+        )
         row["minutes"] += 1
         row["requests"] += snap["count"]
         row["errors"] += snap["errors"]
@@ -155,8 +176,16 @@ def report(broker: str, *, idle_s: float = 5.0, window: str = "1m") -> dict[str,
             row["worst_compliance"] = snap["slo_compliance"]
             row["worst_end_ms"] = snap["window_end_ms"]
     table = Table(title=f"tailguard · report · final {window} windows", expand=True)
-    for col in ("series", "minutes", "requests", "errors", "best TTFT p95", "worst TTFT p95",
-                "worst SLO compl.", "worst minute ended"):
+    for col in (
+        "series",
+        "minutes",
+        "requests",
+        "errors",
+        "best TTFT p95",
+        "worst TTFT p95",
+        "worst SLO compl.",
+        "worst minute ended",
+    ):
         table.add_column(col, justify="left" if col == "series" else "right")
     for name in sorted(rows):
         r = rows[name]
@@ -164,8 +193,15 @@ def report(broker: str, *, idle_s: float = 5.0, window: str = "1m") -> dict[str,
         if r["worst_end_ms"] is not None:
             when = time.strftime("%H:%M:%S", time.gmtime(r["worst_end_ms"] / 1000)) + "Z"
         style = "red" if r["worst_compliance"] < 0.99 else "green"
-        table.add_row(name, str(r["minutes"]), str(r["requests"]), str(r["errors"]),
-                      _ms(r["best_p95"]), _ms(r["worst_p95"]),
-                      f"[{style}]{r['worst_compliance']:.2%}[/{style}]", when)
+        table.add_row(
+            name,
+            str(r["minutes"]),
+            str(r["requests"]),
+            str(r["errors"]),
+            _ms(r["best_p95"]),
+            _ms(r["worst_p95"]),
+            f"[{style}]{r['worst_compliance']:.2%}[/{style}]",
+            when,
+        )
     Console().print(table)
     return rows

@@ -46,7 +46,12 @@ def create_topics(
     created: list[str] = []
     if wanted:
         futures = admin.create_topics(
-            [NewTopic(s.name, num_partitions=s.partitions, replication_factor=1, config=s.config()) for s in wanted],
+            [
+                NewTopic(
+                    s.name, num_partitions=s.partitions, replication_factor=1, config=s.config()
+                )
+                for s in wanted
+            ],
             operation_timeout=timeout_s,
         )
         for name, fut in futures.items():

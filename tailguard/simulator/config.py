@@ -433,7 +433,7 @@ class SimConfig:
     burst_mean_s: float = 5.0
     baseline_error_rate: float = 0.002
     request_timeout_ms: float = 30_000.0
-    max_itl_gaps: int | None = 64
+    max_itl_gaps: int | None = None
 
     def __post_init__(self) -> None:
         self._check_arrivals()

@@ -97,7 +97,9 @@ class WorkerProcess:
         with self.log_path.open("ab") as log:
             log.write(f"\n===== start {self.starts} =====\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
         return self
 
     def kill(self) -> None:
@@ -140,8 +142,16 @@ def worker_factory(namespace: Namespace, tmp_path: Path) -> Iterator[Callable[..
             "PYTHONUNBUFFERED": "1",
         }
         args = [
-            sys.executable, "-m", "tailguard.cli", "worker",
-            "--data-dir", str(data_dir), "--snapshot-interval", "1", "--loglevel", "warning",
+            sys.executable,
+            "-m",
+            "tailguard.cli",
+            "worker",
+            "--data-dir",
+            str(data_dir),
+            "--snapshot-interval",
+            "1",
+            "--loglevel",
+            "warning",
             *extra,
         ]
         wp = WorkerProcess(args=args, env=env, log_path=tmp_path / f"worker-{name}.log")
@@ -159,16 +169,25 @@ def produce() -> Callable[[str, str, list[tuple[bytes | None, bytes]]], list[tup
     return produce_messages
 
 
-def produce_messages(broker: str, topic: str, messages: list[tuple[bytes | None, bytes]]) -> list[tuple[int, int]]:
+def produce_messages(
+    broker: str, topic: str, messages: list[tuple[bytes | None, bytes]], compression: str = "none"
+) -> list[tuple[int, int]]:
     """Send ``(key, value)`` messages; returns their ``(partition, offset)`` in order."""
     positions: list[tuple[int, int] | None] = [None] * len(messages)
-    producer = Producer({"bootstrap.servers": broker, "linger.ms": 10, "enable.idempotence": True,
-                         "message.max.bytes": 8_000_000})
+    producer = Producer(
+        {
+            "bootstrap.servers": broker,
+            "linger.ms": 10,
+            "enable.idempotence": True,
+            "message.max.bytes": 8_000_000, "compression.type": compression,
+        }
+    )
 
     def report(i: int) -> Callable[[Any, Any], None]:
         def cb(err: Any, msg: Any) -> None:
             assert err is None, err
             positions[i] = (msg.partition(), msg.offset())
+
         return cb
 
     for i, (key, value) in enumerate(messages):
@@ -194,8 +213,13 @@ class Collector:
     _consumer: Any = None
 
     def __post_init__(self) -> None:
-        self._consumer = Consumer({"bootstrap.servers": self.broker, "group.id": f"c-{uuid.uuid4().hex}",
-                                   "enable.auto.commit": False})
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": self.broker,
+                "group.id": f"c-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+            }
+        )
         meta = AdminClient({"bootstrap.servers": self.broker}).list_topics(self.topic, timeout=10)
         parts = meta.topics[self.topic].partitions
         self._consumer.assign([TopicPartition(self.topic, p, 0) for p in parts])
@@ -215,8 +239,12 @@ class Collector:
                 got += 1
         return got
 
-    def wait_for(self, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float,
-                 worker: WorkerProcess | None = None) -> None:
+    def wait_for(
+        self,
+        predicate: Callable[[list[dict[str, Any]]], bool],
+        timeout: float,
+        worker: WorkerProcess | None = None,
+    ) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.poll(0.5)
@@ -225,8 +253,10 @@ class Collector:
             if worker is not None and not worker.alive():
                 raise AssertionError(f"worker died:\n{worker.log_tail()}")
         detail = worker.log_tail() if worker is not None else ""
-        raise AssertionError(f"timed out after {timeout}s waiting on {self.topic} "
-                             f"({len(self.records)} records)\n{detail}")
+        raise AssertionError(
+            f"timed out after {timeout}s waiting on {self.topic} "
+            f"({len(self.records)} records)\n{detail}"
+        )
 
     def close(self) -> None:
         self._consumer.close()

@@ -16,7 +16,9 @@ pytestmark = pytest.mark.integration
 PCTS = {"p50": 50, "p90": 90, "p95": 95, "p99": 99, "p999": 99.9}
 
 
-def make_events(service: str, n: int, rng: np.random.Generator, start_ms: int) -> list[dict[str, Any]]:
+def make_events(
+    service: str, n: int, rng: np.random.Generator, start_ms: int
+) -> list[dict[str, Any]]:
     """Inference events with known TTFT/E2E/ITL values spread over three minutes."""
     ttft = rng.lognormal(np.log(180), 0.45, n)
     gaps = rng.lognormal(np.log(30), 0.35, (n, 9))
@@ -24,25 +26,27 @@ def make_events(service: str, n: int, rng: np.random.Generator, start_ms: int) -
     for i in range(n):
         itl = [round(float(g), 3) for g in gaps[i]]
         t = round(float(ttft[i]), 3)
-        events.append({
-            "event_id": f"{service}-{i}",
-            "ts_ms": start_ms + int(i * 180_000 / n),
-            "service": service,
-            "model": "m1",
-            "status": "ok",
-            "ttft_ms": t,
-            "e2e_ms": round(t + sum(itl) + 1.0, 3),
-            "output_tokens": 10,
-            "input_tokens": 100,
-            "itl_ms": itl,
-            "trace_id": uuid.UUID(int=int(rng.integers(1, 2**63))).hex,
-        })
+        events.append(
+            {
+                "event_id": f"{service}-{i}",
+                "ts_ms": start_ms + int(i * 180_000 / n),
+                "service": service,
+                "model": "m1",
+                "status": "ok",
+                "ttft_ms": t,
+                "e2e_ms": round(t + sum(itl) + 1.0, 3),
+                "output_tokens": 10,
+                "input_tokens": 100,
+                "itl_ms": itl,
+                "trace_id": uuid.UUID(int=int(rng.integers(1, 2**63))).hex,
+            }
+        )
     return events
 
 
 def batches(events: list[dict[str, Any]], size: int) -> list[tuple[bytes, bytes]]:
     return [
-        (f"{events[i]['service']}/{i % 7}".encode(), json.dumps(events[i:i + size]).encode())
+        (f"{events[i]['service']}/{i % 7}".encode(), json.dumps(events[i : i + size]).encode())
         for i in range(0, len(events), size)
     ]
 
@@ -51,13 +55,18 @@ def latest_1h(records: list[dict[str, Any]], service: str) -> dict[str, Any] | N
     best = None
     for r in records:
         if r.get("window") == "1h" and r["series"]["service"] == service:
-            if best is None or (r["window_end_ms"], r["count"]) >= (best["window_end_ms"], best["count"]):
+            if best is None or (r["window_end_ms"], r["count"]) >= (
+                best["window_end_ms"],
+                best["count"],
+            ):
                 best = r
     return best
 
 
 def test_snapshots_match_exact_percentiles_and_counts(
-    namespace: Any, worker_factory: Callable[..., Any], collector: Callable[[str], Any],
+    namespace: Any,
+    worker_factory: Callable[..., Any],
+    collector: Callable[[str], Any],
     produce: Callable[..., list[tuple[int, int]]],
 ) -> None:
     rng = np.random.default_rng(7)
@@ -72,8 +81,10 @@ def test_snapshots_match_exact_percentiles_and_counts(
     sli = collector("tailguard.sli")
 
     def complete(records: list[dict[str, Any]]) -> bool:
-        return all((s := latest_1h(records, svc)) is not None and s["count"] == n
-                   for svc, n in per_series.items())
+        return all(
+            (s := latest_1h(records, svc)) is not None and s["count"] == n
+            for svc, n in per_series.items()
+        )
 
     sli.wait_for(complete, timeout=180, worker=worker)
     for svc, n in per_series.items():
@@ -96,8 +107,17 @@ def test_snapshots_match_exact_percentiles_and_counts(
 
 def malformed_messages(rng: np.random.Generator, now_ms: int) -> list[tuple[str, bytes]]:
     """500 bad messages of 12 kinds, each with the reason it must be dead-lettered for."""
-    good = {"event_id": "x", "ts_ms": now_ms - 1000, "service": "bad", "model": "m",
-            "status": "ok", "e2e_ms": 100.0, "ttft_ms": 50.0, "output_tokens": 3, "itl_ms": [10.0, 12.0]}
+    good = {
+        "event_id": "x",
+        "ts_ms": now_ms - 1000,
+        "service": "bad",
+        "model": "m",
+        "status": "ok",
+        "e2e_ms": 100.0,
+        "ttft_ms": 50.0,
+        "output_tokens": 3,
+        "itl_ms": [10.0, 12.0],
+    }
 
     def variant(**changes: Any) -> bytes:
         ev = {**good, "event_id": uuid.uuid4().hex, **changes}
@@ -121,7 +141,9 @@ def malformed_messages(rng: np.random.Generator, now_ms: int) -> list[tuple[str,
 
 
 def test_malformed_input_is_dead_lettered_and_valid_events_still_count(
-    namespace: Any, worker_factory: Callable[..., Any], collector: Callable[[str], Any],
+    namespace: Any,
+    worker_factory: Callable[..., Any],
+    collector: Callable[[str], Any],
     produce: Callable[..., list[tuple[int, int]]],
 ) -> None:
     rng = np.random.default_rng(11)
@@ -134,7 +156,8 @@ def test_malformed_input_is_dead_lettered_and_valid_events_still_count(
         messages.append((b"bad", raw))
         if i < len(good_msgs):
             messages.append(good_msgs[i])
-    positions = produce(namespace.broker, namespace.topic("tailguard.inference"), messages)
+    # lz4, as the simulator and many producers send it: the worker must read any codec.
+    positions = produce(namespace.broker, namespace.topic("tailguard.inference"), messages, "lz4")
     bad_positions = {positions[i] for i, (key, _) in enumerate(messages) if key == b"bad"}
     expected_reason = {}
     j = 0
@@ -146,10 +169,16 @@ def test_malformed_input_is_dead_lettered_and_valid_events_still_count(
     worker = worker_factory("w1").start()
     dead = collector("tailguard.deadletter")
     sli = collector("tailguard.sli")
-    dead.wait_for(lambda r: {(x["partition"], x["offset"]) for x in r} >= bad_positions,
-                  timeout=180, worker=worker)
-    sli.wait_for(lambda r: (s := latest_1h(r, "svc-valid")) is not None and s["count"] == len(valid),
-                 timeout=120, worker=worker)
+    dead.wait_for(
+        lambda r: {(x["partition"], x["offset"]) for x in r} >= bad_positions,
+        timeout=180,
+        worker=worker,
+    )
+    sli.wait_for(
+        lambda r: (s := latest_1h(r, "svc-valid")) is not None and s["count"] == len(valid),
+        timeout=120,
+        worker=worker,
+    )
     assert worker.alive()
     by_position = {(r["partition"], r["offset"]): r for r in dead.records}
     assert set(by_position) == bad_positions
@@ -160,7 +189,9 @@ def test_malformed_input_is_dead_lettered_and_valid_events_still_count(
 
 
 def test_worker_killed_mid_stream_resumes_with_exact_counts(
-    namespace: Any, worker_factory: Callable[..., Any], collector: Callable[[str], Any],
+    namespace: Any,
+    worker_factory: Callable[..., Any],
+    collector: Callable[[str], Any],
     produce: Callable[..., list[tuple[int, int]]],
 ) -> None:
     rng = np.random.default_rng(3)
@@ -169,12 +200,18 @@ def test_worker_killed_mid_stream_resumes_with_exact_counts(
     produce(namespace.broker, namespace.topic("tailguard.inference"), batches(events, 100))
     worker = worker_factory("w1").start()
     sli = collector("tailguard.sli")
-    sli.wait_for(lambda r: (s := latest_1h(r, "svc-kill")) is not None and s["count"] > 0,
-                 timeout=120, worker=worker)
+    sli.wait_for(
+        lambda r: (s := latest_1h(r, "svc-kill")) is not None and s["count"] > 0,
+        timeout=120,
+        worker=worker,
+    )
     worker.kill()
     worker.start()
-    sli.wait_for(lambda r: (s := latest_1h(r, "svc-kill")) is not None and s["count"] >= len(events),
-                 timeout=180, worker=worker)
+    sli.wait_for(
+        lambda r: (s := latest_1h(r, "svc-kill")) is not None and s["count"] >= len(events),
+        timeout=180,
+        worker=worker,
+    )
     time.sleep(3)
     sli.poll(2)
     snap = latest_1h(sli.records, "svc-kill")

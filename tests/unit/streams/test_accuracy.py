@@ -28,6 +28,7 @@ REL_TOL = 0.005
 # One seed for the whole file: the numbers below are reproducible run to run.
 SEED = 20231114
 
+
 @dataclass(frozen=True, slots=True)
 class Fed:
     """A window state and the exact samples that its window under test must hold."""
@@ -178,12 +179,14 @@ def test_rolled_up_window_keeps_percentiles_within_half_a_percent_on_every_sampl
     with the default ``RingConfig``: each of 300 minute buckets digests its
     values 200 at a time (``Bucket.absorb``), hours 0-3 are rolled up
     (``SeriesWindows._advance``) and the window merges the four roll-ups and the
-    60 minutes of hour 4 (``SeriesWindows.window``).
+    60 minutes of hour 4 (``SeriesWindows.window``). Six samples: with
+    300-centroid roll-ups, sample 5 was the one that broke the bound (P99.9
+    0.65 %).
     """
     cfg = RingConfig()
     per_minute = 3_400
     worst = dict.fromkeys(PERCENTILES, 0.0)
-    for seed in range(10):
+    for seed in range(6):
         values = np.random.default_rng(seed).lognormal(np.log(300.0), 0.6, 300 * per_minute)
         window = Bucket.empty(0)
         for hour in range(5):

@@ -430,3 +430,45 @@ def test_a_lost_bucket_record_of_an_open_bucket_is_refilled_by_replay(
     result = restored.add(batch, positions=positions)
     assert (result.accepted, result.replayed) == (1, 1)
     assert restored.counters(WINDOWS["1h"]) == original.counters(WINDOWS["1h"])
+
+
+def _write(store: dict[Any, bytes], changes: Any, lose: frozenset[Any] = frozenset()) -> bytes:
+    """Apply ``changes`` to ``store`` except the upserts in ``lose``; return the meta."""
+    store.update({k: v for k, v in changes.upserts.items() if k not in lose})
+    for key in changes.deletes:
+        store.pop(key, None)
+    meta: bytes = changes.meta
+    return meta
+
+
+def test_a_lost_hour_record_is_rebuilt_after_restore(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    original, store = make_windows(), dict[Any, bytes]()
+    original.add([make_event(minute(t0, 1))], positions=[(0, 1)])
+    _write(store, original.take_changes())
+    rolls_up_hour_t0 = [make_event(t0 + HOUR_MS + 5 * MINUTE_MS)]
+    original.add(rolls_up_hour_t0, positions=[(0, 2)])
+    meta = _write(store, original.take_changes(), lose=frozenset({("h", t0)}))
+
+    restored = SeriesWindows.restore(meta, lambda tier, start: store.get((tier, start)))
+    restored.add(rolls_up_hour_t0, positions=[(0, 2)])  # the replay after the crash
+    prunes_minutes_of_hour_t0 = [make_event(t0 + 4 * HOUR_MS)]
+    for windows in (original, restored):
+        windows.add(prunes_minutes_of_hour_t0, positions=[(0, 3)])
+    assert restored.counters(WINDOWS["6h"]) == original.counters(WINDOWS["6h"])
+
+
+def test_replaying_a_message_after_restore_does_not_count_its_late_events_twice(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    original, store = make_windows(), dict[Any, bytes]()
+    original.add([make_event(minute(t0, 10))], positions=[(0, 1)])
+    _write(store, original.take_changes())
+    message = [make_event(minute(t0, 1)), make_event(minute(t0, 10, 1))]
+    assert original.add(message, positions=[(0, 2)] * 2).late == 1
+    meta = _write(store, original.take_changes())
+
+    restored = SeriesWindows.restore(meta, lambda tier, start: store.get((tier, start)))
+    restored.add(message, positions=[(0, 2)] * 2)
+    assert restored.late == original.late == 1

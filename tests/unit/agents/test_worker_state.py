@@ -1,0 +1,81 @@
+"""Worker settings, the crash-safe data dir and the series store."""
+
+from pathlib import Path
+
+import pytest
+
+from tailguard.agents.errors import SettingsError
+from tailguard.agents.settings import Settings
+from tailguard.agents.state import SeriesStore, bucket_key
+from tailguard.agents.worker import CLEAN_MARKER, prepare_data_dir
+from tailguard.streams import RingConfig
+
+
+def test_a_clean_stop_keeps_local_state(tmp_path: Path) -> None:
+    data = tmp_path / "w"
+    data.mkdir()
+    (data / "table.sst").write_text("x")
+    (data / CLEAN_MARKER).touch()
+    assert prepare_data_dir(data) is False
+    assert (data / "table.sst").exists()
+    assert not (data / CLEAN_MARKER).exists(), "the marker is consumed by the start"
+
+
+def test_a_start_after_a_crash_discards_local_state(tmp_path: Path) -> None:
+    data = tmp_path / "w"
+    data.mkdir()
+    (data / "table.sst").write_text("x")
+    assert prepare_data_dir(data) is True
+    assert data.exists() and not (data / "table.sst").exists()
+
+
+def test_a_first_start_creates_the_data_dir(tmp_path: Path) -> None:
+    assert prepare_data_dir(tmp_path / "new") is False
+    assert (tmp_path / "new").is_dir()
+
+
+def test_settings_name_what_is_wrong() -> None:
+    with pytest.raises(SettingsError, match="unknown SLI window"):
+        Settings(sli_windows=("2m",))
+    with pytest.raises(SettingsError, match="partitions"):
+        Settings(partitions=0)
+
+
+def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TAILGUARD_BROKER", "k:1")
+    monkeypatch.setenv("TAILGUARD_TOPIC_PREFIX", "ns.")
+    s = Settings.from_env(partitions=3)
+    assert (s.broker, s.topic_prefix, s.partitions) == ("k:1", "ns.", 3)
+    opts = s.rocksdb_options()
+    assert opts["driver"] == "rocksdict"
+    assert opts["block_cache_size"] == 16 * 1024 * 1024
+
+
+class _Ev:
+    def __init__(self, i: int) -> None:
+        self.event_id = f"e{i}"
+        self.ts_ms = 1_700_000_000_000 + i * 30_000
+        self.status = "ok"
+        self.e2e_ms = 500.0
+        self.ttft_ms = 100.0
+        self.output_tokens = 5
+        self.itl_ms = [20.0, 20.0, 20.0, 20.0]
+        self.trace_id = None
+        self.warmup = False
+
+
+def test_the_store_writes_only_touched_buckets_and_restores_them() -> None:
+    meta: dict[str, bytes] = {}
+    buckets: dict[str, bytes] = {}
+    store = SeriesStore(meta, buckets, RingConfig())
+    cached = store.get("s", partition=0)
+    cached.state.add([_Ev(i) for i in range(4)], [(0, i) for i in range(4)])
+    store.save("s", cached.state.take_changes())
+    assert set(meta) == {"s"}
+    assert len(buckets) == 2  # four events at 30 s spacing span two minutes
+    assert all(k.startswith("s\x1fm\x1f") for k in buckets)
+    fresh = SeriesStore(meta, buckets, RingConfig())
+    again = fresh.get("s", partition=0)
+    assert again.state.counters(60_000 * 5) == cached.state.counters(60_000 * 5)
+    assert bucket_key("s", "m", 1) == "s\x1fm\x1f1"
+    assert fresh.forget_partitions({0}) == 1 and len(fresh) == 0

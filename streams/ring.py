@@ -51,6 +51,9 @@ __all__ = [
 
 FINE = "m"
 COARSE = "h"
+#: Input messages per series whose starting watermark is remembered (only
+#: messages processed since the last consumer commit can be replayed).
+_WM_HISTORY = 64
 
 #: The sliding windows of SPEC.md §3.1, in milliseconds.
 WINDOWS: dict[str, int] = {
@@ -130,6 +133,7 @@ class _Meta(msgspec.Struct, array_like=True):
     fine: list[int]
     coarse: list[int]
     counted: dict[int, int] = {}
+    wm_before: list[tuple[int, int, int | None]] = []
 
 
 class SeriesWindows:
@@ -148,6 +152,8 @@ class SeriesWindows:
         #: tallies are already in ``late`` / ``duplicates`` (kept in the meta, so
         #: the tallies and their marks are always stored together).
         self._counted: dict[int, int] = {}
+        #: Watermark each recent input message met, for judging its replay alike.
+        self._wm_before: dict[tuple[int, int], int | None] = {}
         #: Merged closed buckets per (window, end, first, last, n): closed buckets
         #: never change, so a window's closed part is merged once per minute,
         #: and a provisional snapshot only adds the open buckets to it.
@@ -178,26 +184,41 @@ class SeriesWindows:
         thresholds = self.thresholds
         result = AddResult()
         accs: dict[int, Accumulator] = {}
-        wm = self.watermark_ms
+        wm = self.watermark_ms  # what the watermark becomes
+        judge = wm  # what the current event's lateness is judged against
         seen: dict[int, dict[int, int]] = {}
         counted = self._counted
+        history = self._wm_before
         newest: dict[int, int] = {}
+        current: tuple[int, int] | None = None
+        tally = True  # count late/duplicate, unless this position was counted before
+        part = offset = -1
         for i, ev in enumerate(events):
             ts = ev.ts_ms
             start = ts - ts % width
             bucket = self.fine.get(start)
-            tally = True  # count late/duplicate, unless this position was counted before
             if positions is not None:
-                part, offset = positions[i]
-                if offset > newest.get(part, -1):
-                    newest[part] = offset
-                tally = offset > counted.get(part, -1)
+                if positions[i] != current:
+                    current = positions[i]
+                    part, offset = current
+                    if offset > newest.get(part, -1):
+                        newest[part] = offset
+                    tally = offset > counted.get(part, -1)
+                    if tally:
+                        history[current] = wm
+                        judge = wm
+                    else:
+                        # A replay: judge it against the watermark it first met, not
+                        # one its own later events (or later messages) advanced.
+                        judge = history.get(current, wm)
                 if bucket is not None and offset <= bucket.applied.get(part, -1):
                     result.replayed += 1
+                    if judge is None or ts > judge:
+                        judge = ts  # it was accepted the first time: it moved the watermark
                     continue
             if (
-                wm is not None
-                and start + width + lateness <= wm
+                judge is not None
+                and start + width + lateness <= judge
                 and not (bucket is not None and bucket.refill)
             ):
                 if tally:
@@ -233,9 +254,13 @@ class SeriesWindows:
             result.accepted += 1
             if wm is None or ts > wm:
                 wm = ts
-        for part, offset in newest.items():
-            if offset > counted.get(part, -1):
-                counted[part] = offset
+            if judge is None or ts > judge:
+                judge = ts
+        for p, o in newest.items():
+            if o > counted.get(p, -1):
+                counted[p] = o
+        while len(history) > _WM_HISTORY:
+            del history[next(iter(history))]
         for start, marks in seen.items():
             self.fine[start].applied.update(marks)
             self._touch(FINE, start)
@@ -250,6 +275,10 @@ class SeriesWindows:
             for bucket in self.fine.values():
                 # New input has arrived: replay of what was lost is over.
                 bucket.refill = False
+        elif wm is not None and result.accepted:
+            # A replay may recreate buckets the watermark has already closed or
+            # pruned: settle them exactly as the first pass did.
+            result.closed_ends = self._advance(wm)
         return result
 
     def _touch(self, tier: str, start: int) -> None:
@@ -366,6 +395,7 @@ class SeriesWindows:
             fine=sorted(self.fine),
             coarse=sorted(self.coarse),
             counted=self._counted,
+            wm_before=[(p, o, w) for (p, o), w in self._wm_before.items()],
         )
         return msgspec.msgpack.encode(meta)
 
@@ -405,6 +435,7 @@ class SeriesWindows:
         state.duplicates = m.duplicates
         state._rolled_through_ms = m.rolled_through_ms
         state._counted = dict(m.counted)
+        state._wm_before = {(p, o): w for p, o, w in m.wm_before}
         for tier, starts, store in ((FINE, m.fine, state.fine), (COARSE, m.coarse, state.coarse)):
             for start in starts:
                 data = load(tier, start)

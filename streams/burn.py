@@ -1,0 +1,588 @@
+"""Error budgets and multi-window, multi-burn-rate alerting (Google SRE workbook, ch. 5).
+
+An SLO says "``target`` of the eligible events are good over a rolling period
+``P``" (30 days by default). Its *error budget* is the bad fraction it may
+spend, ``1 − target``. Over any window ``W``::
+
+    bad fraction  f(W) = bad(W) / total(W)
+    burn rate     r(W) = f(W) / (1 − target)          1.0 = spending exactly on budget
+    budget used in W   = r(W) · W / P
+
+A rule ``(severity, rate R, long window L, short window S)`` fires when
+*both* ``r(L) > R`` and ``r(S) > R``: the long window proves the budget spend is
+significant (``R · L / P`` of the budget, e.g. 14.4 · 1 h / 30 d = 2 %), the
+short window proves it is still happening, so the alert resets within ``S``
+once the cause is gone. The workbook's recommended rules for a 30-day budget::
+
+    severity  rate   long  short   budget used when it fires
+    page      14.4×  1 h   5 m      2 %
+    page       6×    6 h   30 m     5 %
+    ticket     3×    1 d   2 h     10 %
+    ticket     1×    3 d   6 h     10 %
+
+The rates are written for a 30-day budget (:attr:`BurnPolicy.period_ms`); an
+SLO with another period ``P′`` is held to ``R · P′ / 30 d`` so that each rule
+still means "this share of the budget is gone".
+
+Detection time. After a step to a constant bad fraction ``f`` on steady
+traffic, ``r(L)`` grows linearly while the long window fills with bad events
+and crosses ``R`` after ``(1 − target) / f · L · R`` (workbook, "time to
+detect")::
+
+    event time ──────────────────────────┬──────────────────────────────▶
+    bad fraction  0 ─────────────────────┘1 ────────────────────────────
+                                      onset        ▲ onset + 0.01 · 60 min · 14.4
+    r(1 h)        0 ────────────────────────╱──────┼─── 14.4 crossed: page (99 % SLO, 8.64 min)
+    r(5 m)        0 ──────────────────────┘ 100 (full of bad events after 5 min)
+
+Minimum-traffic gate. One failed request among six in an hour is a 17 % bad
+fraction, a 17× burn rate against a 99 % SLO: a quiet series would page on
+noise. A rule therefore fires only when its long window holds at least
+:attr:`BurnPolicy.min_long_events` eligible *requests* (default 100) and its
+short window at least :attr:`BurnPolicy.min_short_events` (default 10); a rule
+whose rates exceed but whose traffic does not is reported as ``gated``. The
+gate counts requests, never ITL gaps, so one stalled stream of fifty slow
+gaps cannot open it alone.
+
+SLIs (``SloSpec.sli``) and the :class:`~tailguard.streams.bucket.Counters`
+fields they read (counted at ingest against the series' ``Thresholds``, so
+an SLO's thresholds must be the series' thresholds: see :func:`thresholds_for`)::
+
+    sli        eligible events (total)             bad
+    ttft_ms    ttft_total (ok requests with TTFT)   ttft_total − ttft_good
+    itl_ms     itl_total  (streamed gaps)           itl_total − itl_good
+    e2e_ms     e2e_total  (ok requests)             e2e_total − e2e_good
+    success    requests − cancelled                 errors (error, timeout, rejected)
+    goodput    requests − cancelled                 total − good_requests
+    composite  ttft_total                           total · (w_ttft·f_ttft + w_itl·f_itl)
+
+Cancelled requests are left out of ``success`` and ``goodput``: the client
+ended them, so they say nothing about the service either way. ``composite`` is
+the article's 0.7·TTFT + 0.3·ITL compliance; its bad fraction is the weighted
+bad fraction ``w_ttft·f_ttft + w_itl·f_itl`` (``1 −`` the composite), counted
+per request so the traffic gate means the same as for TTFT. A window without
+ITL gaps (no streamed output) has an undefined ITL term: the weights are then
+renormalised over the terms that have data (the composite equals TTFT
+compliance), which neither hides nor invents ITL trouble. ``tpot_ms`` has no
+exact counters (Counters keeps none), so it is not an SLO SLI; TPOT is held
+through ``goodput``.
+
+Budget remaining. ``1 − f(B) / (1 − target)`` where ``B`` is the longest
+window available that is not longer than the SLO period: the 30-day budget is
+*projected* from the 3-day window (the ring keeps 3 days), i.e. it answers
+"how much budget would be left if the whole period ran as the last 3 days
+did". It is exact when a window of the full period is passed in, and goes
+negative when the budget is overspent.
+"""
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Literal
+
+from tailguard.streams.bucket import Counters
+from tailguard.streams.errors import ConfigError
+from tailguard.streams.ring import SeriesWindows
+from tailguard.streams.sli import Thresholds
+
+__all__ = [
+    "DEFAULT_RULES",
+    "LATENCY_SLIS",
+    "SEVERITIES",
+    "SLIS",
+    "SLO_PERIOD_MS",
+    "BurnPolicy",
+    "BurnRule",
+    "Firing",
+    "Selector",
+    "Severity",
+    "SloSpec",
+    "Verdict",
+    "applicable",
+    "bad_and_total",
+    "burn_rate",
+    "eligible_requests",
+    "evaluate",
+    "goodput_rps",
+    "thresholds_for",
+    "time_to_detect_ms",
+    "window_counters",
+    "window_ms",
+]
+
+Severity = Literal["ticket", "page"]
+#: Severities, least urgent first.
+SEVERITIES: tuple[Severity, ...] = ("ticket", "page")
+#: Latency SLIs: the SLO names a threshold in ms; events at or below it are good.
+LATENCY_SLIS = ("ttft_ms", "itl_ms", "e2e_ms")
+#: Every SLI an SLO may hold (see the module docstring for what each counts).
+SLIS = (*LATENCY_SLIS, "success", "goodput", "composite")
+
+_MINUTE_MS = 60_000
+_DAY_MS = 86_400_000
+#: The SLO period the default burn rates are written for.
+SLO_PERIOD_MS = 30 * _DAY_MS
+_UNITS = {"s": 1_000, "m": _MINUTE_MS, "h": 3_600_000, "d": _DAY_MS, "w": 7 * _DAY_MS}
+_DURATION = re.compile(r"([1-9][0-9]*)([smhdw])")
+#: Relative slack below which a rate "equals" a threshold rather than exceeding it.
+_EXCEED_TOLERANCE = 1e-9
+
+
+def window_ms(name: str) -> int:
+    """Milliseconds of a window name such as ``5m``, ``2h``, ``3d`` or ``30d``."""
+    match = _DURATION.fullmatch(name)
+    if match is None:
+        msg = f"window {name!r} is not <positive integer><s|m|h|d|w>, e.g. '5m', '2h', '30d'"
+        raise ConfigError(msg)
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+# ------------------------------------------------------------------ the SLO
+
+
+@dataclass(frozen=True, slots=True)
+class Selector:
+    """Which series an SLO applies to: shell-style globs (``*``, ``?``, ``[ab]``) per label.
+
+    A series matches when each of its labels matches at least one pattern of
+    that label. The default matches every series.
+    """
+
+    service: tuple[str, ...] = ("*",)
+    model: tuple[str, ...] = ("*",)
+    variant: tuple[str, ...] = ("*",)
+    tenant: tuple[str, ...] = ("*",)
+
+    def __post_init__(self) -> None:
+        for name in ("service", "model", "variant", "tenant"):
+            patterns = getattr(self, name)
+            if not isinstance(patterns, tuple) or not patterns:
+                msg = f"selector {name} must be a non-empty tuple of patterns, got {patterns!r}"
+                raise ConfigError(msg)
+            for pattern in patterns:
+                if not isinstance(pattern, str) or not pattern:
+                    msg = f"selector {name} pattern must be a non-empty string, got {pattern!r}"
+                    raise ConfigError(msg)
+
+    def matches(
+        self, service: str, model: str, variant: str = "default", tenant: str = "default"
+    ) -> bool:
+        return all(
+            any(fnmatchcase(value, p) for p in patterns)
+            for value, patterns in (
+                (service, self.service),
+                (model, self.model),
+                (variant, self.variant),
+                (tenant, self.tenant),
+            )
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SloSpec:
+    """One objective: ``target`` of the events of ``sli`` are good over ``window_ms``.
+
+    ``ttft_ms`` / ``itl_ms`` / ``e2e_ms`` are the latency thresholds the SLO
+    holds (a latency SLI needs its own; ``composite`` and ``goodput`` may name
+    theirs). ``itl_ms`` is also the TPOT threshold of ``goodput``, as in
+    :class:`~tailguard.streams.sli.Thresholds`. ``op`` is informational
+    (``lte`` or ``lt``): counters count ``value ≤ threshold``, which differs
+    from ``<`` only for a value exactly equal to the threshold.
+    """
+
+    name: str
+    sli: str
+    target: float
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+    e2e_ms: float | None = None
+    ttft_weight: float = 0.7
+    itl_weight: float = 0.3
+    window_ms: int = SLO_PERIOD_MS
+    selector: Selector = field(default_factory=Selector)
+    op: str = "lte"
+    display_name: str = ""
+    description: str = ""
+    #: Where the definition came from (``file:line``), for messages; not part of equality.
+    source: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        where = f"SLO {self.name!r}" + (f" ({self.source})" if self.source else "")
+        if not self.name:
+            msg = f"SLO name must be non-empty{' (' + self.source + ')' if self.source else ''}"
+            raise ConfigError(msg)
+        if self.sli not in SLIS:
+            msg = f"{where}: unknown SLI {self.sli!r}; choose one of {', '.join(SLIS)}"
+            raise ConfigError(msg)
+        if not 0.0 < self.target < 1.0:  # also refuses NaN
+            msg = (
+                f"{where}: target must be in (0, 1), got {self.target!r} "
+                "(1 leaves no error budget to burn)"
+            )
+            raise ConfigError(msg)
+        for name in ("ttft_ms", "itl_ms", "e2e_ms"):
+            value = getattr(self, name)
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                msg = f"{where}: threshold {name} must be a finite number > 0 ms, got {value!r}"
+                raise ConfigError(msg)
+        if self.sli in LATENCY_SLIS and getattr(self, self.sli) is None:
+            msg = f"{where}: a {self.sli} SLO needs its threshold {self.sli}"
+            raise ConfigError(msg)
+        for name in ("ttft_weight", "itl_weight"):
+            weight = getattr(self, name)
+            if not 0.0 <= weight <= 1.0:
+                msg = f"{where}: {name} must be in [0, 1], got {weight!r}"
+                raise ConfigError(msg)
+        if abs(self.ttft_weight + self.itl_weight - 1.0) > 1e-9:
+            msg = (
+                f"{where}: composite weights must sum to 1, "
+                f"got {self.ttft_weight} + {self.itl_weight}"
+            )
+            raise ConfigError(msg)
+        if self.window_ms <= 0:
+            msg = f"{where}: window_ms must be > 0, got {self.window_ms}"
+            raise ConfigError(msg)
+        if self.op not in ("lte", "lt"):
+            msg = f"{where}: op must be 'lte' or 'lt', got {self.op!r}"
+            raise ConfigError(msg)
+
+    @property
+    def budget(self) -> float:
+        """The error budget ``1 − target``, to 12 digits (1 − 0.99 is 0.01, not 0.010…09)."""
+        return round(1.0 - self.target, 12)
+
+    @property
+    def threshold_ms(self) -> float | None:
+        """The latency threshold of a latency SLI, else ``None``."""
+        return getattr(self, self.sli) if self.sli in LATENCY_SLIS else None
+
+    def applies_to(
+        self, service: str, model: str, variant: str = "default", tenant: str = "default"
+    ) -> bool:
+        return self.selector.matches(service, model, variant, tenant)
+
+
+def applicable(
+    specs: Iterable[SloSpec],
+    service: str,
+    model: str,
+    variant: str = "default",
+    tenant: str = "default",
+) -> tuple[SloSpec, ...]:
+    """The SLOs whose selector matches a series, in the given order."""
+    return tuple(s for s in specs if s.applies_to(service, model, variant, tenant))
+
+
+def thresholds_for(specs: Iterable[SloSpec], base: Thresholds | None = None) -> Thresholds:
+    """The ingest thresholds a series must be counted against for these SLOs to hold.
+
+    Counters are counted at ingest against *one* ``Thresholds`` per series, so
+    every SLO applying to a series must agree on each threshold (and the
+    composites on their weights); values no SLO names come from ``base``.
+    Two SLOs asking for different values raise ``ConfigError`` naming both.
+    """
+    base = base or Thresholds()
+    chosen: dict[str, tuple[float, str]] = {}
+    for spec in specs:
+        values: dict[str, float | None] = {
+            "ttft_ms": spec.ttft_ms,
+            "itl_ms": spec.itl_ms,
+            "e2e_ms": spec.e2e_ms,
+        }
+        if spec.sli == "composite":
+            values["ttft_weight"] = spec.ttft_weight
+            values["itl_weight"] = spec.itl_weight
+        for name, value in values.items():
+            if value is None:
+                continue
+            seen = chosen.get(name)
+            if seen is not None and seen[0] != value:
+                msg = (
+                    f"SLOs {seen[1]!r} and {spec.name!r} apply to the same series but ask for "
+                    f"{name} {seen[0]:g} and {value:g}; a series counts one threshold per SLI, "
+                    "so narrow one selector or align the thresholds"
+                )
+                raise ConfigError(msg)
+            chosen[name] = (value, spec.name)
+    return Thresholds(
+        ttft_ms=chosen["ttft_ms"][0] if "ttft_ms" in chosen else base.ttft_ms,
+        itl_ms=chosen["itl_ms"][0] if "itl_ms" in chosen else base.itl_ms,
+        e2e_ms=chosen["e2e_ms"][0] if "e2e_ms" in chosen else base.e2e_ms,
+        ttft_weight=chosen["ttft_weight"][0] if "ttft_weight" in chosen else base.ttft_weight,
+        itl_weight=chosen["itl_weight"][0] if "itl_weight" in chosen else base.itl_weight,
+    )
+
+
+# ------------------------------------------------------------------ SLI maths
+
+
+def bad_and_total(spec: SloSpec, counters: Counters) -> tuple[float, float]:
+    """Bad and eligible events of ``spec``'s SLI in one window (module docstring table)."""
+    c = counters
+    sli = spec.sli
+    if sli == "ttft_ms":
+        return c.ttft_total - c.ttft_good, c.ttft_total
+    if sli == "itl_ms":
+        return c.itl_total - c.itl_good, c.itl_total
+    if sli == "e2e_ms":
+        return c.e2e_total - c.e2e_good, c.e2e_total
+    if sli == "success":
+        return c.errors, c.requests - c.cancelled
+    if sli == "goodput":
+        total = c.requests - c.cancelled
+        return total - c.good_requests, total
+    # composite: weighted bad fraction over the terms that have data, per request.
+    total = c.ttft_total
+    if total == 0:
+        return 0.0, 0
+    terms = [(spec.ttft_weight, (c.ttft_total - c.ttft_good) / c.ttft_total)]
+    if c.itl_total:
+        terms.append((spec.itl_weight, (c.itl_total - c.itl_good) / c.itl_total))
+    weight = sum(w for w, _ in terms)
+    if weight == 0.0:  # only a zero-weight term has data
+        return 0.0, total
+    return total * sum(w * f for w, f in terms) / weight, total
+
+
+def eligible_requests(spec: SloSpec, counters: Counters) -> int:
+    """Requests behind ``spec``'s SLI in a window: what the minimum-traffic gate counts."""
+    c = counters
+    if spec.sli in ("ttft_ms", "composite"):
+        return c.ttft_total
+    if spec.sli == "e2e_ms":
+        return c.e2e_total
+    if spec.sli == "itl_ms":
+        return c.requests - c.errors - c.cancelled
+    return c.requests - c.cancelled
+
+
+def burn_rate(bad: float, total: float, target: float) -> float:
+    """``(bad / total) / (1 − target)``; 0 for an empty window."""
+    if total <= 0:
+        return 0.0
+    return (bad / total) / round(1.0 - target, 12)
+
+
+def goodput_rps(counters: Counters, window_ms: int) -> float:
+    """Goodput (DistServe; vLLM ``bench serve --goodput``): good requests per second.
+
+    A request is good when it succeeded and met every latency threshold of its
+    series (``Counters.good_requests``). ``window_ms`` is the time the counters
+    cover: pass the covered span, not the nominal window, for a young series.
+    """
+    if window_ms <= 0:
+        msg = f"goodput window must be > 0 ms, got {window_ms}"
+        raise ConfigError(msg)
+    return counters.good_requests * 1_000 / window_ms
+
+
+def time_to_detect_ms(bad_fraction: float, target: float, long_ms: int, rate: float) -> float:
+    """Workbook detection time of a rule after a step to a constant bad fraction.
+
+    ``(1 − target) / bad_fraction · long_ms · rate``; infinite when the bad
+    fraction never reaches ``rate`` times the budget.
+    """
+    budget = round(1.0 - target, 12)
+    if bad_fraction <= rate * budget:
+        return math.inf
+    return budget / bad_fraction * long_ms * rate
+
+
+# ------------------------------------------------------------------ the policy
+
+
+@dataclass(frozen=True, slots=True)
+class BurnRule:
+    """Fire at ``severity`` when both windows burn faster than ``rate``."""
+
+    severity: Severity
+    rate: float
+    long: str
+    short: str
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            msg = f"rule severity must be one of {SEVERITIES}, got {self.severity!r}"
+            raise ConfigError(msg)
+        if not (self.rate > 0 and math.isfinite(self.rate)):
+            msg = f"rule burn rate must be a finite number > 0, got {self.rate!r}"
+            raise ConfigError(msg)
+        if window_ms(self.short) >= window_ms(self.long):
+            msg = f"rule short window {self.short} must be shorter than its long window {self.long}"
+            raise ConfigError(msg)
+
+    @property
+    def name(self) -> str:
+        """E.g. ``page 14.4x 1h/5m``."""
+        return f"{self.severity} {self.rate:g}x {self.long}/{self.short}"
+
+    def budget_consumed(self, period_ms: int = SLO_PERIOD_MS) -> float:
+        """Share of a ``period_ms`` budget spent when the long window fires: ``rate · L / P``."""
+        return self.rate * window_ms(self.long) / period_ms
+
+
+#: SRE workbook, "Multiwindow, multi-burn-rate alerts", for a 30-day budget.
+DEFAULT_RULES: tuple[BurnRule, ...] = (
+    BurnRule("page", 14.4, "1h", "5m"),
+    BurnRule("page", 6.0, "6h", "30m"),
+    BurnRule("ticket", 3.0, "1d", "2h"),
+    BurnRule("ticket", 1.0, "3d", "6h"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BurnPolicy:
+    """Alerting rules, the period their rates are written for, and the traffic gate."""
+
+    rules: tuple[BurnRule, ...] = DEFAULT_RULES
+    min_long_events: int = 100
+    min_short_events: int = 10
+    period_ms: int = SLO_PERIOD_MS
+    #: The window budget_remaining is projected from when no longer one is passed.
+    budget_window: str = "3d"
+
+    def __post_init__(self) -> None:
+        if not self.rules:
+            msg = "a burn policy needs at least one rule"
+            raise ConfigError(msg)
+        for name in ("min_long_events", "min_short_events"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                msg = f"{name} must be an integer ≥ 0, got {value!r}"
+                raise ConfigError(msg)
+        if self.period_ms <= 0:
+            msg = f"period_ms must be > 0, got {self.period_ms}"
+            raise ConfigError(msg)
+        window_ms(self.budget_window)
+
+    @property
+    def windows(self) -> dict[str, int]:
+        """Every window the rules and the budget read, name → ms, shortest first."""
+        names = {self.budget_window}
+        for rule in self.rules:
+            names.update((rule.long, rule.short))
+        return {n: window_ms(n) for n in sorted(names, key=window_ms)}
+
+    def threshold(self, rule: BurnRule, spec: SloSpec) -> float:
+        """The rule's rate for ``spec``'s period: ``rate · P_spec / P_policy``."""
+        return rule.rate * spec.window_ms / self.period_ms
+
+
+# ------------------------------------------------------------------ evaluation
+
+
+@dataclass(frozen=True, slots=True)
+class Firing:
+    """A rule whose two windows both burn faster than its threshold."""
+
+    rule: BurnRule
+    threshold: float
+    long_rate: float
+    short_rate: float
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What :func:`evaluate` found for one SLO of one series at one point of event time.
+
+    ``burn_rates``, ``sli`` (good fraction, ``1 − bad/total``) and ``events``
+    (eligible requests) are keyed by window name; ``sli`` omits windows without
+    events. ``gated`` holds the rules whose rates exceed but whose windows hold
+    too few requests to trust.
+    """
+
+    slo: str
+    severity: Severity | None
+    firing: tuple[Firing, ...] = ()
+    gated: tuple[Firing, ...] = ()
+    burn_rates: Mapping[str, float] = field(default_factory=dict)
+    sli: Mapping[str, float] = field(default_factory=dict)
+    events: Mapping[str, int] = field(default_factory=dict)
+    budget_remaining: float | None = None
+    budget_window: str | None = None
+
+    @property
+    def fired(self) -> bool:
+        return self.severity is not None
+
+
+def _exceeds(rate: float, threshold: float) -> bool:
+    return rate > threshold * (1.0 + _EXCEED_TOLERANCE)
+
+
+def evaluate(
+    spec: SloSpec, policy: BurnPolicy, counters_by_window: Mapping[str, Counters]
+) -> Verdict:
+    """Burn rates, firing rules and budget of ``spec`` from the counters of each window.
+
+    ``counters_by_window`` maps window names (``"1h"``, ``"2h"``, ``"30d"``…) to
+    the counters of the window ending at the evaluation point; it must hold
+    every window of ``policy.windows`` except the budget window (see
+    :func:`window_counters`). Severity is the highest severity among the rules
+    that fire and pass the traffic gate.
+    """
+    missing = sorted(
+        {n for r in policy.rules for n in (r.long, r.short)} - set(counters_by_window),
+        key=window_ms,
+    )
+    if missing:
+        msg = f"counters for windows {missing} are missing: pass every window of policy.windows"
+        raise ConfigError(msg)
+    rates: dict[str, float] = {}
+    sli: dict[str, float] = {}
+    events: dict[str, int] = {}
+    for name in sorted(counters_by_window, key=window_ms):
+        counters = counters_by_window[name]
+        bad, total = bad_and_total(spec, counters)
+        rates[name] = burn_rate(bad, total, spec.target)
+        events[name] = eligible_requests(spec, counters)
+        if total > 0:
+            sli[name] = 1.0 - bad / total
+    firing: list[Firing] = []
+    gated: list[Firing] = []
+    for rule in policy.rules:
+        threshold = policy.threshold(rule, spec)
+        long_rate, short_rate = rates[rule.long], rates[rule.short]
+        if not (_exceeds(long_rate, threshold) and _exceeds(short_rate, threshold)):
+            continue
+        hit = Firing(rule, threshold, long_rate, short_rate)
+        enough = (
+            events[rule.long] >= policy.min_long_events
+            and events[rule.short] >= policy.min_short_events
+        )
+        (firing if enough else gated).append(hit)
+    severity: Severity | None = None
+    for hit in firing:
+        if severity is None or SEVERITIES.index(hit.rule.severity) > SEVERITIES.index(severity):
+            severity = hit.rule.severity
+    budget_remaining: float | None = None
+    budget_name: str | None = None
+    candidates = [n for n in counters_by_window if window_ms(n) <= spec.window_ms]
+    if candidates:
+        budget_name = max(candidates, key=window_ms)
+        bad, total = bad_and_total(spec, counters_by_window[budget_name])
+        budget_remaining = 1.0 - burn_rate(bad, total, spec.target)
+    return Verdict(
+        slo=spec.name,
+        severity=severity,
+        firing=tuple(firing),
+        gated=tuple(gated),
+        burn_rates=rates,
+        sli=sli,
+        events=events,
+        budget_remaining=budget_remaining,
+        budget_window=budget_name,
+    )
+
+
+def window_counters(
+    series: SeriesWindows, policy: BurnPolicy, end_ms: int | None = None
+) -> dict[str, Counters]:
+    """Counters of every window ``policy`` reads, all ending at ``end_ms``.
+
+    ``end_ms`` defaults to the end of the bucket holding the watermark; an
+    agent evaluating a closed minute passes that minute's end.
+    """
+    return {name: series.counters(ms, end_ms) for name, ms in policy.windows.items()}

@@ -19,13 +19,12 @@ import time
 from typing import Any
 
 import faust
-import msgspec
+from tailguard.agents.deadletters import send_rejects
 from tailguard.agents.internal import SeriesBatch, encode_batch, series_key
-from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.topics import Topics
-from tailguard.schemas import InferenceEvent, Limits, dead_letter, decode
+from tailguard.schemas import InferenceEvent, Limits, decode
 
 __all__ = ["MAX_FORWARD_EVENTS", "register_ingest"]
 
@@ -54,18 +53,16 @@ def register_ingest(app: faust.App, topics: Topics, settings: Settings, stats: W
                 msg = event.message
                 stats.messages += 1
                 decoded = decode(raw, "inference", now_ms=now, limits=limits)
-                for reject in decoded.rejects:
-                    record = dead_letter(
-                        reject,
+                if decoded.rejects:
+                    await send_rejects(
+                        decoded.rejects,
                         raw,
-                        topic=msg.topic,
-                        partition=msg.partition,
-                        offset=msg.offset,
+                        msg,
+                        topic=topics.deadletter,
+                        stats=stats,
+                        source=settings.source,
                         now_ms=now,
                     )
-                    stats.deadletters[str(reject.reason)] += 1
-                    value, headers = frame(msgspec.to_builtins(record), source=settings.source)
-                    await topics.deadletter.send(key=msg.key, value=value, headers=headers)
                 position = (msg.partition, msg.offset)
                 touched: set[str] = set()
                 for ev in decoded.valid:

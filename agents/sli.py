@@ -28,9 +28,24 @@ from tailguard.agents.stats import WorkerStats
 from tailguard.agents.topics import Topics
 from tailguard.streams import WINDOWS, SeriesWindows, summarize
 
-__all__ = ["register_sli", "snapshot_payload"]
+__all__ = ["final_cadence_ms", "register_sli", "snapshot_payload"]
 
 SLI_SCHEMA = "tailguard.sli.v1"
+
+
+def final_cadence_ms(window: str) -> int:
+    """How often (event time) a final snapshot of ``window`` is published.
+
+    Every minute for windows up to 5 m, every 5 minutes up to 1 h, hourly
+    beyond: a 1 h window barely moves in a minute, and merging its 60 buckets
+    for every series every minute would dominate the worker when it catches up.
+    """
+    ms = WINDOWS[window]
+    if ms <= 300_000:
+        return 60_000
+    if ms <= 3_600_000:
+        return 300_000
+    return 3_600_000
 
 
 def snapshot_payload(

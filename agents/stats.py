@@ -17,6 +17,8 @@ class WorkerStats:
     duplicates: int = 0
     replayed: int = 0
     snapshots: int = 0
+    gpu_samples: int = 0
+    breach_events: int = 0
     deadletters: Counter[str] = field(default_factory=Counter)
 
     def line(self) -> str:

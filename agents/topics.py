@@ -17,7 +17,9 @@ class Topics:
 
     inference: TopicT
     series: TopicT
+    gpu: TopicT
     sli: TopicT
+    breaches: TopicT
     deadletter: TopicT
 
 
@@ -35,6 +37,8 @@ def declare_topics(app: faust.App, settings: Settings) -> Topics:
     return Topics(
         inference=topic(cat.INFERENCE),
         series=topic(cat.SERIES),
+        gpu=topic(cat.GPU),
         sli=topic(cat.SLI),
+        breaches=topic(cat.BREACHES),
         deadletter=topic(cat.DEADLETTER),
     )

@@ -124,8 +124,13 @@ class _Reader:
     def __init__(self, source: str) -> None:
         self.source = source
         self._constructor = SafeConstructor()
+        #: The key node of each mapping value seen, so a complaint about a whole
+        #: mapping or list points at the line of its key (``spec:``), not its first entry.
+        self._keys: dict[int, Node] = {}
 
     def error(self, node: Node | None, problem: str) -> SloConfigError:
+        if node is not None and not isinstance(node, ScalarNode):
+            node = self._keys.get(id(node), node)
         line = f"{node.start_mark.line + 1}" if node is not None else "1"
         return SloConfigError(f"{self.source}:{line}: {problem}")
 
@@ -144,6 +149,7 @@ class _Reader:
             if key in out:
                 raise self.error(key_node, f"{what} repeats the key {key!r}")
             out[key] = (key_node, value_node)
+            self._keys[id(value_node)] = key_node
         return out
 
     def sequence(self, node: Node, what: str) -> list[Node]:
@@ -186,6 +192,11 @@ class _Reader:
         return self.number(node, what, lambda v: v > 0)
 
 
+def _empty(node: Node | None) -> bool:
+    """An empty YAML document (``---`` alone, or ``~``)."""
+    return node is None or (isinstance(node, ScalarNode) and node.tag == "tag:yaml.org,2002:null")
+
+
 def _show(node: Node) -> str:
     if isinstance(node, ScalarNode):
         return repr(node.value)
@@ -217,7 +228,7 @@ class _Indicator:
 def _source_spec(
     r: _Reader, holder: Node, what: str
 ) -> tuple[dict[str, tuple[Node, Node]], str, Node]:
-    """``metricSource.spec`` of a metric: its keys and its SLI name."""
+    """``metricSource.spec`` of a metric: its keys, its SLI name and the node naming it."""
     m = r.mapping(holder, what)
     if "metricSourceRef" in m and "metricSource" not in m:
         raise r.error(
@@ -245,7 +256,7 @@ def _source_spec(
         )
     if sli not in SLIS:
         raise r.error(sli_node, f"unknown sli {sli!r}; choose one of {', '.join(SLIS)}")
-    return spec, sli, spec_node
+    return spec, sli, sli_node
 
 
 def _check_keys(
@@ -307,10 +318,10 @@ def _indicator(r: _Reader, node: Node, what: str) -> _Indicator:
         raise r.error(node, f"{what} needs exactly one of thresholdMetric, ratioMetric")
     if metrics[0] == "thresholdMetric":
         metric = m["thresholdMetric"][1]
-        spec, sli, spec_node = _source_spec(r, metric, f"{what}.thresholdMetric")
+        spec, sli, sli_node = _source_spec(r, metric, f"{what}.thresholdMetric")
         if sli not in LATENCY_SLIS:
             raise r.error(
-                spec_node,
+                sli_node,
                 f"sli {sli!r} has no per-event value to hold to a threshold; "
                 "define it with ratioMetric (good/total)",
             )
@@ -329,17 +340,17 @@ def _indicator(r: _Reader, node: Node, what: str) -> _Indicator:
         raise r.error(ratio_node, f"{what}.ratioMetric needs exactly one of good, bad (and total)")
     role = roles[0]
     event_node = ratio[role][1]
-    spec, sli, spec_node = _source_spec(r, event_node, f"{what}.ratioMetric.{role}")
+    spec, sli, sli_node = _source_spec(r, event_node, f"{what}.ratioMetric.{role}")
     fields = _event_fields(
-        r, spec, sli, role, spec_node, f"{what}.ratioMetric.{role}.metricSource.spec"
+        r, spec, sli, role, sli_node, f"{what}.ratioMetric.{role}.metricSource.spec"
     )
     total_node = r.require(ratio, "total", ratio_node, f"{what}.ratioMetric")
-    total_spec, total_sli, total_spec_node = _source_spec(
+    total_spec, total_sli, total_sli_node = _source_spec(
         r, total_node, f"{what}.ratioMetric.total"
     )
     if total_sli != sli:
         raise r.error(
-            total_spec_node,
+            total_sli_node,
             f"ratioMetric total counts sli {total_sli!r} but {role} counts {sli!r}; "
             "both must name the same SLI",
         )
@@ -529,7 +540,7 @@ def parse_slos(text: str, source: str = "<string>") -> tuple[SloSpec, ...]:
     """
     r = _Reader(source)
     try:
-        docs = [d for d in yaml.compose_all(text, Loader=yaml.SafeLoader) if d is not None]
+        docs = [d for d in yaml.compose_all(text, Loader=yaml.SafeLoader) if not _empty(d)]
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1

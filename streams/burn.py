@@ -29,11 +29,12 @@ traffic, ``r(L)`` grows linearly while the long window fills with bad events
 and crosses ``R`` after ``(1 − target) / f · L · R`` (workbook, "time to
 detect")::
 
-    event time ──────────────────────────┬──────────────────────────────▶
-    bad fraction  0 ─────────────────────┘1 ────────────────────────────
-                                      onset        ▲ onset + 0.01 · 60 min · 14.4
-    r(1 h)        0 ────────────────────────╱──────┼─── 14.4 crossed: page (99 % SLO, 8.64 min)
-    r(5 m)        0 ──────────────────────┘ 100 (full of bad events after 5 min)
+    (100 % bad from onset, 99 % SLO, 60 requests a minute)
+    minutes after onset   0    1    2    …    5    …    8    9
+    bad in the 1 h window 0   60  120   …  300   …  480  540  (of 3 600)
+    r(1 h)                0  1.7  3.3   …  8.3   … 13.3 15.0  > 14.4 → page at minute 9
+    r(5 m)                0   20   40   …  100   …  100  100  (full of bad requests)
+                          └──── 0.01 · 60 min · 14.4 = 8.64 min ────┘
 
 Minimum-traffic gate. One failed request among six in an hour is a 17 % bad
 fraction, a 17× burn rate against a 99 % SLO: a quiet series would page on

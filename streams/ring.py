@@ -312,11 +312,9 @@ class SeriesWindows:
         for hour in complete:
             if (done is not None and hour < done) or hour in self.coarse:
                 continue
-            coarse = Bucket.empty(hour)
-            coarse.ids = None
-            for s, b in self.fine.items():
-                if hour <= s < hour + cfg.rollup_ms:
-                    coarse.merge(b, cfg.coarse_max_centroids)
+            members = [b for s, b in self.fine.items() if hour <= s < hour + cfg.rollup_ms]
+            coarse = Bucket.combine(members, cfg.coarse_max_centroids)
+            coarse.start_ms = hour
             self.coarse[hour] = coarse
             self._touch(COARSE, hour)
             self._rolled_through_ms = hour + cfg.rollup_ms
@@ -358,25 +356,18 @@ class SeriesWindows:
         end = self.default_end() if end_ms is None else end_ms
         parts = self._parts(window_ms, end)
         closed = [p for p in parts if p.ids is None and not p.refill]
-        out = Bucket.empty(0)
-        out.ids = None
-        if closed:
-            starts = [p.start_ms for p in closed]
-            key = (window_ms, end or 0, min(starts), max(starts), len(closed))
-            cached = self._closed_cache.get(key)
-            if cached is None:
-                if len(self._closed_cache) >= 32:
-                    self._closed_cache.clear()
-                cached = Bucket.empty(0)
-                cached.ids = None
-                for part in closed:
-                    cached.merge(part, self.config.max_centroids)
-                self._closed_cache[key] = cached
-            out.merge(cached, self.config.max_centroids)
-        for part in parts:
-            if part.ids is not None or part.refill:
-                out.merge(part, self.config.max_centroids)
-        return out
+        live = [p for p in parts if p.ids is not None or p.refill]
+        mc = self.config.max_centroids
+        if not closed:
+            return Bucket.combine(live, mc)
+        starts = [p.start_ms for p in closed]
+        key = (window_ms, end or 0, min(starts), max(starts), len(closed))
+        cached = self._closed_cache.get(key)
+        if cached is None:
+            if len(self._closed_cache) >= 32:
+                self._closed_cache.clear()
+            cached = self._closed_cache[key] = Bucket.combine(closed, mc)
+        return Bucket.combine([cached, *live], mc) if live else Bucket.combine([cached], mc)
 
     def counters(self, window_ms: int, end_ms: int | None = None) -> Counters:
         """Exact counters of a window, without merging digests (cheap: burn rates)."""

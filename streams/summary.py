@@ -56,12 +56,13 @@ def summarize(
     """SLI figures of a merged window (see the module docstring for definitions)."""
     c = bucket.counters
     latency: dict[str, dict[str, float | int | None]] = {}
+    qs = list(PERCENTILES.values())
     for metric in METRICS:
-        digest = bucket.digests.get(metric)
-        n = int(digest.n_values) if digest is not None else 0
+        sketch = bucket.digests.get(metric)
+        n = sketch.n_values if sketch is not None else 0
         row: dict[str, float | int | None] = {"count": n}
-        for name, q in PERCENTILES.items():
-            row[name] = float(digest.quantile(q)) if digest is not None and n else None
+        values = sketch.quantiles(qs) if sketch is not None and n else [None] * len(qs)
+        row.update(zip(PERCENTILES, values, strict=True))
         latency[metric] = row
     ttft_c = _ratio(c.ttft_good, c.ttft_total)
     itl_c = _ratio(c.itl_good, c.itl_total)

@@ -4,6 +4,7 @@
 
     tailguard worker              run a worker (ingest + SLI agents)
     tailguard simulate …          realistic LLM traffic into tailguard.inference
+    tailguard gpu-sampler         NVML telemetry into tailguard.gpu (--simulate for demos)
     tailguard topics create       create every topic of the catalogue
     tailguard topics list         show the catalogue
     tailguard tail TOPIC          follow a topic, pretty-printed
@@ -154,18 +155,17 @@ def report(broker: str, window: str, idle: float) -> None:
     run_report(broker, idle_s=idle, window=window)
 
 
-def _attach_simulate() -> None:
+def _attach_plugins() -> None:
+    from tailguard.gpu.cli import gpu_sampler
     from tailguard.simulator.cli import simulate
 
     cli.add_command(simulate, "simulate")
+    cli.add_command(gpu_sampler, "gpu-sampler")
 
 
 def main() -> None:
     """Entry point: run the CLI, turning tailguard errors into one clear line."""
-    try:
-        _attach_simulate()
-    except ImportError as exc:  # the simulator is optional at import time
-        click.echo(f"warning: simulator unavailable ({exc})", err=True)
+    _attach_plugins()
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:

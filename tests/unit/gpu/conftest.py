@@ -52,7 +52,7 @@ class NVMLError(Exception):
         return _STRINGS.get(self.value, f"NVML error {self.value}")
 
 
-def _error_class(name: str, code: int) -> type[NVMLError]:
+def _error_class(name: str, code: int) -> Any:
     def init(self: NVMLError, *_args: Any) -> None:
         NVMLError.__init__(self, code)
 

@@ -82,7 +82,7 @@ def test_simulate_options_shape_the_fleet() -> None:
     samples = [msgspec.json.decode(line, type=GpuSample) for line in result.stdout.splitlines()]
     assert [(s.host, s.gpu) for s in samples] == [(h, g) for h in "abc" for g in (0, 1)]
     assert [s.xid for s in samples] == [None, None, None, None, None, 79]
-    assert all(s.util_gpu_pct >= 90 for s in samples if s.host == "b")  # type: ignore[operator]
+    assert all(s.util_gpu_pct >= 90 for s in samples if s.host == "b")
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 from tailguard.streams import PERCENTILES, WINDOWS, Bucket, RingConfig, SeriesWindows
-from tailguard.streams.digest import add_values
+from tailguard.streams.digest import Sketch
 
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
@@ -194,12 +194,9 @@ def test_rolled_up_window_keeps_percentiles_within_half_a_percent_on_every_sampl
             for minute in range(hour * 60, hour * 60 + 60):
                 bucket = Bucket.empty(minute * MINUTE_MS)
                 lo, hi = minute * per_minute, (minute + 1) * per_minute
+                sketch = bucket.digests.setdefault("ttft_ms", Sketch(cfg.max_centroids))
                 for i in range(lo, hi, BATCH):
-                    bucket.digests["ttft_ms"] = add_values(
-                        bucket.digests.get("ttft_ms"),
-                        values[i : min(i + BATCH, hi)],
-                        cfg.max_centroids,
-                    )
+                    sketch.add(values[i : min(i + BATCH, hi)])
                 rolled.merge(bucket, cfg.coarse_max_centroids)
                 if hour == 4:
                     window.merge(bucket, cfg.max_centroids)

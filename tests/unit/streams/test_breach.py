@@ -1,6 +1,7 @@
 """Breach lifecycle: one opened, material updates only, one resolved after the hold, replayable."""
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 import msgspec
 import pytest
@@ -148,7 +149,7 @@ def test_rates_falling_while_nothing_fires_do_not_update() -> None:
 
 
 def test_an_evaluation_point_not_after_the_last_one_is_ignored() -> None:
-    state, out = run([PAGE, PAGE])
+    state, _ = run([PAGE, PAGE])
     again, more = advance(state, at(1), QUIET)
     earlier, even_more = advance(state, at(0), verdict("page", 90.0))
     assert (again, more) == (state, ())
@@ -275,7 +276,7 @@ def test_rate_updates_are_at_least_the_interval_apart(
     steps: list[tuple[int, str | None, float, float]],
 ) -> None:
     _, out = replay(BreachState(SERIES, SLO), to_points(steps), POLICY)
-    for before, after in zip(out, out[1:], strict=False):
+    for before, after in pairwise(out):
         if after.reason == "burn_rate" and before.breach_id == after.breach_id:
             assert after.at_ms - before.at_ms >= POLICY.update_interval_ms
 

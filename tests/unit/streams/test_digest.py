@@ -13,6 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tailguard.streams import PERCENTILES, Bucket, Thresholds, summarize
 from tailguard.streams.digest import (
+    EXACT_LIMIT,
+    Sketch,
     DEFAULT_MAX_CENTROIDS,
     TDigest,
     add_values,
@@ -62,7 +64,7 @@ def test_tdigest_package_loads_the_dict_and_gives_the_same_percentiles(
 
 def test_published_window_digests_load_into_the_tdigest_package(window_digest: TDigest) -> None:
     bucket = Bucket.empty(0)
-    bucket.digests["ttft_ms"] = window_digest
+    bucket.digests["ttft_ms"] = Sketch.from_digest(window_digest)
     summary = summarize(bucket, 60_000, Thresholds(), with_digests=True)
     assert summary.digests is not None
     oracle = tdigest.TDigest().update_from_dict(summary.digests["ttft_ms"])
@@ -114,3 +116,31 @@ def test_any_latency_digest_round_trips_through_the_dict(values: list[float]) ->
     assert restored.n_values == len(values)
     for q in QUANTILES:
         assert restored.quantile(q) == pytest.approx(digest.quantile(q), rel=1e-9, abs=1e-9)
+
+
+def test_a_sketch_stays_exact_up_to_the_limit_then_becomes_a_digest() -> None:
+    values = np.random.default_rng(2).lognormal(5.0, 0.5, EXACT_LIMIT + 1)
+    sketch = Sketch.of(values[:EXACT_LIMIT])
+    assert sketch.exact
+    assert sketch.quantile(0.99) == pytest.approx(float(np.percentile(values[:EXACT_LIMIT], 99)))
+    sketch.add(values[EXACT_LIMIT:])
+    assert not sketch.exact and sketch.n_values == EXACT_LIMIT + 1
+
+
+def test_combining_exact_and_digest_sketches_keeps_every_value() -> None:
+    rng = np.random.default_rng(3)
+    small = [Sketch.of(rng.lognormal(5.0, 0.5, 10)) for _ in range(5)]
+    big = Sketch.of(rng.lognormal(5.0, 0.5, 5_000))
+    assert Sketch.combine(small, 1000).exact
+    both = Sketch.combine([*small, big], 1000)
+    assert both.n_values == 5_050 and not both.exact
+
+
+@pytest.mark.parametrize("n", [0, 7, EXACT_LIMIT + 50])
+def test_sketch_bytes_round_trip(n: int) -> None:
+    values = np.random.default_rng(n).lognormal(5.0, 0.5, n)
+    sketch = Sketch.of(values)
+    back = Sketch.from_bytes(sketch.to_bytes())
+    assert back.n_values == n and back.exact == sketch.exact
+    if n:
+        assert back.quantiles([0.5, 0.99]) == pytest.approx(sketch.quantiles([0.5, 0.99]))

@@ -1,0 +1,35 @@
+"""Publishing rejected input to ``tailguard.deadletter`` (shared by every input agent)."""
+
+import msgspec
+from faust.types import TopicT
+from faust.types.tuples import Message
+from tailguard.agents.publish import frame
+from tailguard.agents.stats import WorkerStats
+from tailguard.schemas import Reject, dead_letter
+
+__all__ = ["send_rejects"]
+
+
+async def send_rejects(
+    rejects: list[Reject],
+    raw: bytes | None,
+    msg: Message,
+    *,
+    topic: TopicT,
+    stats: WorkerStats,
+    source: str,
+    now_ms: int,
+) -> None:
+    """One dead-letter record per reject, keyed like the input message."""
+    for reject in rejects:
+        record = dead_letter(
+            reject,
+            raw or b"",
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            now_ms=now_ms,
+        )
+        stats.deadletters[str(reject.reason)] += 1
+        value, headers = frame(msgspec.to_builtins(record), source=source)
+        await topic.send(key=msg.key, value=value, headers=headers)

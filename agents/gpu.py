@@ -12,7 +12,6 @@ from typing import Any
 
 import faust
 import msgspec
-
 from tailguard.agents.deadletters import send_rejects
 from tailguard.agents.settings import Settings
 from tailguard.agents.stats import WorkerStats
@@ -56,8 +55,13 @@ def register_gpu(
             decoded = decode(event.value, "gpu", now_ms=now)
             if decoded.rejects:
                 await send_rejects(
-                    decoded.rejects, event.value, event.message, topic=topics.deadletter,
-                    stats=stats, source=settings.source, now_ms=now,
+                    decoded.rejects,
+                    event.value,
+                    event.message,
+                    topic=topics.deadletter,
+                    stats=stats,
+                    source=settings.source,
+                    now_ms=now,
                 )
             for sample in decoded.valid:
                 key = gpu_key(sample.host, sample.gpu).encode()

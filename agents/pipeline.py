@@ -4,6 +4,8 @@ from dataclasses import dataclass
 
 import faust
 from tailguard.agents.app import make_app
+from tailguard.agents.breaches import BreachEngine, thresholds_resolver
+from tailguard.agents.gpu import register_gpu
 from tailguard.agents.ingest import register_ingest
 from tailguard.agents.settings import Settings
 from tailguard.agents.sli import register_sli
@@ -11,6 +13,7 @@ from tailguard.agents.state import SeriesStore
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.tables import Tables, declare_tables
 from tailguard.agents.topics import Topics, declare_topics
+from tailguard.schemas.openslo import default_slos, load_slos
 from tailguard.streams import RingConfig
 
 __all__ = ["Pipeline", "build"]
@@ -25,6 +28,7 @@ class Pipeline:
     topics: Topics
     tables: Tables
     store: SeriesStore
+    engine: BreachEngine
     stats: WorkerStats
 
 
@@ -34,13 +38,16 @@ def build(settings: Settings) -> Pipeline:
     topics = declare_topics(app, settings)
     tables = declare_tables(app, settings)
     ring = RingConfig(allowed_lateness_ms=settings.allowed_lateness_ms)
-    store = SeriesStore(tables.series_meta, tables.series_buckets, ring)
+    slos = load_slos(settings.slo_file) if settings.slo_file else default_slos()
+    store = SeriesStore(tables.series_meta, tables.series_buckets, ring, thresholds_resolver(slos))
+    engine = BreachEngine(slos=slos, state_table=tables.breach_state, gpu_table=tables.gpu_latest)
     stats = WorkerStats()
     register_ingest(app, topics, settings, stats)
-    register_sli(app, topics, settings, stats, store)
+    register_gpu(app, topics, settings, stats, tables.gpu_latest)
+    register_sli(app, topics, settings, stats, store, engine)
 
     @app.timer(30.0, name="tailguard.stats")
     async def log_stats() -> None:
         app.log.info("tailguard %s", stats.line())
 
-    return Pipeline(app, settings, topics, tables, store, stats)
+    return Pipeline(app, settings, topics, tables, store, engine, stats)

@@ -42,6 +42,8 @@ class Settings:
     web_port: int = 6066
     web_enabled: bool = False
     attach_digests: bool = False
+    #: OpenSLO v1 YAML with the SLOs to hold series to (default: SPEC.md §2 defaults).
+    slo_file: Path | None = None
     source: str = field(default_factory=lambda: f"tailguard/{os.uname().nodename}")
 
     def __post_init__(self) -> None:
@@ -72,6 +74,8 @@ class Settings:
         values.update({k: v for k, v in overrides.items() if v is not None})
         if isinstance(values["data_dir"], str):
             values["data_dir"] = Path(values["data_dir"])
+        if "slo_file" not in values and env.get("TAILGUARD_SLO_FILE"):
+            values["slo_file"] = Path(env["TAILGUARD_SLO_FILE"])
         return cls(**values)  # type: ignore[arg-type]
 
     def rocksdb_options(self) -> dict[str, object]:

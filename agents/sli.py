@@ -20,10 +20,11 @@ from typing import Any
 
 import faust
 from faust.types import TP
+from tailguard.agents.breaches import BreachEngine
 from tailguard.agents.internal import decode_batch, series_key
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
-from tailguard.agents.state import SeriesStore
+from tailguard.agents.state import CachedSeries, SeriesStore
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.topics import Topics
 from tailguard.streams import WINDOWS, SeriesWindows, summarize
@@ -92,18 +93,42 @@ def snapshot_payload(
     return payload
 
 
+_MAX_GPUS_PER_SERIES = 64
+
+
+def _note_gpus(cached: CachedSeries, events: list[Any]) -> None:
+    """Remember which GPUs served the series (for the breach GPU join)."""
+    gpus = cached.gpus
+    for ev in events:
+        if ev.host and ev.gpu_ids:
+            for index in ev.gpu_ids:
+                gpus[(ev.host, index)] = max(ev.ts_ms, gpus.get((ev.host, index), 0))
+    if len(gpus) > _MAX_GPUS_PER_SERIES:
+        for gone in sorted(gpus, key=gpus.__getitem__)[: len(gpus) - _MAX_GPUS_PER_SERIES]:
+            del gpus[gone]
+
+
 def register_sli(
-    app: faust.App, topics: Topics, settings: Settings, stats: WorkerStats, store: SeriesStore
+    app: faust.App,
+    topics: Topics,
+    settings: Settings,
+    stats: WorkerStats,
+    store: SeriesStore,
+    engine: BreachEngine,
 ) -> Any:
     """Attach the SLI agent, its provisional-snapshot timer and the rebalance hook."""
     names: dict[str, tuple[str, str, str, str]] = {}
+    specs: dict[str, list[Any]] = {}
 
-    async def publish(
+    def snapshots(
         series: tuple[str, str, str, str], state: SeriesWindows, end_ms: int, *, final: bool
-    ) -> None:
+    ) -> list[tuple[Any, bytes, bytes, list[tuple[str, bytes]]]]:
         now = int(time.time() * 1000)
         key = series_key(*series).encode()
+        out = []
         for window in settings.sli_windows:
+            if final and end_ms % final_cadence_ms(window):
+                continue
             payload = snapshot_payload(
                 series,
                 state,
@@ -114,25 +139,56 @@ def register_sli(
                 with_digests=settings.attach_digests,
             )
             value, headers = frame(payload, source=settings.source)
-            await topics.sli.send(key=key, value=value, headers=headers)
-            stats.snapshots += 1
+            out.append((topics.sli, key, value, headers))
+        return out
+
+    async def send_all(outgoing: list[tuple[Any, bytes, bytes, list[tuple[str, bytes]]]]) -> None:
+        for topic, key, value, headers in outgoing:
+            await topic.send(key=key, value=value, headers=headers)
+            if topic is topics.sli:
+                stats.snapshots += 1
+            else:
+                stats.breach_events += 1
+
+    def _closer(
+        series: tuple[str, str, str, str],
+        key: str,
+        cached: CachedSeries,
+        slos: list[Any],
+        outgoing: list[tuple[Any, bytes, bytes, list[tuple[str, bytes]]]],
+    ) -> Any:
+        def on_close(end_ms: int) -> None:
+            # Runs inside add(), before roll-up and pruning: what it reads of
+            # windows ending at end_ms is final and independent of batching.
+            outgoing.extend(snapshots(series, cached.state, end_ms, final=True))
+            transitions = engine.evaluate(series, key, cached, end_ms, slos)
+            for value, headers in engine.payloads(transitions, series, cached, settings.source):
+                outgoing.append((topics.breaches, key.encode(), value, headers))
+
+        return on_close
 
     @app.agent(topics.series, name="tailguard.sli")
     async def sli(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
             batch = decode_batch(event.value)
-            key = series_key(*batch.series)
-            names[key] = batch.series
+            series = batch.series
+            key = series_key(*series)
+            names[key] = series
+            if key not in specs:
+                specs[key] = engine.specs_for(series)
             cached = store.get(key, event.message.partition)
-            result = cached.state.add(batch.events, batch.positions)
+            _note_gpus(cached, batch.events)
+            outgoing: list[tuple[Any, bytes, bytes, list[tuple[str, bytes]]]] = []
+
+            on_close = _closer(series, key, cached, specs[key], outgoing)
+            result = cached.state.add(batch.events, batch.positions, on_close)
             store.save(key, cached.state.take_changes())
             cached.dirty = cached.dirty or result.accepted > 0
             stats.events_applied += result.accepted
             stats.late += result.late
             stats.duplicates += result.duplicates
             stats.replayed += result.replayed
-            for end_ms in result.closed_ends:
-                await publish(batch.series, cached.state, end_ms, final=True)
+            await send_all(outgoing)
 
     if settings.snapshot_interval_s > 0:
 
@@ -145,7 +201,7 @@ def register_sli(
                 if end is None:
                     continue
                 cached.dirty = False
-                await publish(names[key], cached.state, end, final=False)
+                await send_all(snapshots(names[key], cached.state, end, final=False))
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:

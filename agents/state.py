@@ -15,8 +15,8 @@ worker owns; it is filled lazily from the tables (which faust restored from the
 changelog) and dropped for partitions that are revoked.
 """
 
-from collections.abc import Iterator, MutableMapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, MutableMapping
+from dataclasses import dataclass, field
 
 from tailguard.streams import Changes, RingConfig, SeriesWindows, Thresholds
 
@@ -38,6 +38,8 @@ class CachedSeries:
     partition: int
     #: Changed since the last provisional snapshot.
     dirty: bool = False
+    #: GPUs that served the series: ``(host, gpu) → last seen (event time)``.
+    gpus: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 class SeriesStore:
@@ -48,12 +50,12 @@ class SeriesStore:
         meta_table: MutableMapping[str, bytes],
         bucket_table: MutableMapping[str, bytes],
         ring: RingConfig,
-        thresholds: Thresholds | None = None,
+        thresholds: Callable[[str], Thresholds] | None = None,
     ) -> None:
         self._meta = meta_table
         self._buckets = bucket_table
         self._ring = ring
-        self._thresholds = thresholds or Thresholds()
+        self._thresholds = thresholds or (lambda _series: Thresholds())
         self._cache: dict[str, CachedSeries] = {}
 
     def get(self, series: str, partition: int) -> CachedSeries:
@@ -66,14 +68,15 @@ class SeriesStore:
         if cached is not None:
             return cached
         meta = self._meta.get(series)
+        thresholds = self._thresholds(series)
         if meta is None:
-            state = SeriesWindows(self._ring, self._thresholds)
+            state = SeriesWindows(self._ring, thresholds)
         else:
             state = SeriesWindows.restore(
                 meta,
                 lambda tier, start: self._buckets.get(bucket_key(series, tier, start)),
                 self._ring,
-                self._thresholds,
+                thresholds,
             )
             state.take_changes()  # what was just loaded is not a change
         cached = self._cache[series] = CachedSeries(state, partition)

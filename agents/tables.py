@@ -15,6 +15,8 @@ class Tables:
 
     series_meta: Any
     series_buckets: Any
+    breach_state: Any
+    gpu_latest: Any
 
 
 def declare_tables(app: faust.App, settings: Settings) -> Tables:
@@ -33,7 +35,11 @@ def declare_tables(app: faust.App, settings: Settings) -> Tables:
             help=help_,
         )
 
+    from tailguard.agents.gpu import declare_gpu_table
+
     return Tables(
         series_meta=table("tailguard-series", "per-series window meta (watermark, bucket list)"),
         series_buckets=table("tailguard-buckets", "per-series minute and hour buckets"),
+        breach_state=table("tailguard-breach-state", "breach lifecycle per series and SLO"),
+        gpu_latest=declare_gpu_table(app, settings),
     )

@@ -20,16 +20,19 @@ Two tiers of buckets, both aligned to the epoch::
 - When an hour has closed its 60 minute buckets are merged into one coarse
   bucket; minute buckets are pruned after 2 h, hour buckets after 3 d + 1 h.
 
-A window of length ``W`` ending at ``end`` merges the coarse hours lying wholly
-inside ``[end − W, end)`` and the minute buckets of the rest. Windows up to 1 h
-are therefore exact to the minute; longer windows (6 h, 1 d, 3 d) lose at most
-the partial hour at their old edge once its minute buckets are pruned.
+A window of length ``W`` ending at ``end`` merges the hours lying wholly
+inside ``[end − W, end)`` (coarse buckets, or their minutes while not yet
+rolled up) and the minute buckets of the rest, up to 117 minutes old. Windows
+up to 1 h are therefore exact to the minute; longer windows (6 h, 1 d, 3 d)
+leave out the partial hour at their old edge — always, so that what a window
+holds never depends on how far the watermark has run ahead.
 
 State is split for storage: one small *meta* value per series plus one value
 per bucket, so that a batch rewrites only the buckets it touched
 (:meth:`SeriesWindows.take_changes`), not the whole 3-day history.
 """
 
+import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -166,6 +169,7 @@ class SeriesWindows:
         self,
         events: Sequence[LatencyEvent],
         positions: Sequence[tuple[int, int]] | None = None,
+        on_close: Callable[[int], None] | None = None,
     ) -> AddResult:
         """Fold a batch of requests in, in order; returns counts and closed buckets.
 
@@ -177,6 +181,12 @@ class SeriesWindows:
         must arrive in the same call. A bucket that already holds an input
         position skips that position's events (``replayed``): re-delivering
         input after a crash never counts an event twice.
+
+        Buckets close as the watermark passes them, event by event: whenever
+        it crosses the oldest open bucket's close, what was gathered so far is
+        folded in and ``on_close(end)`` runs for each bucket closing there
+        (see :meth:`_advance`). Closing, roll-up and pruning therefore happen
+        at the same points of event time however the input is batched.
         """
         cfg = self.config
         width = cfg.bucket_ms
@@ -193,6 +203,7 @@ class SeriesWindows:
         current: tuple[int, int] | None = None
         tally = True  # count late/duplicate, unless this position was counted before
         part = offset = -1
+        next_close = self._next_close()
         for i, ev in enumerate(events):
             ts = ev.ts_ms
             start = ts - ts % width
@@ -226,6 +237,9 @@ class SeriesWindows:
                 continue
             if bucket is None:
                 bucket = self.fine[start] = Bucket.empty(start)
+                closes = start + width + lateness
+                if next_close is None or closes < next_close:
+                    next_close = closes
             if positions is not None:
                 marks = seen.setdefault(start, {})
                 if offset > marks.get(part, -1):
@@ -254,6 +268,12 @@ class SeriesWindows:
             result.accepted += 1
             if wm is None or ts > wm:
                 wm = ts
+                if next_close is not None and wm >= next_close:
+                    self._fold(accs, None)
+                    self.watermark_ms = wm
+                    result.closed_ends.extend(self._advance(wm, on_close))
+                    self._clear_refill()
+                    next_close = self._next_close()
             if judge is None or ts > judge:
                 judge = ts
         for p, o in newest.items():
@@ -261,25 +281,44 @@ class SeriesWindows:
                 counted[p] = o
         while len(history) > _WM_HISTORY:
             del history[next(iter(history))]
-        for start, marks in seen.items():
-            self.fine[start].applied.update(marks)
-            self._touch(FINE, start)
-        for start, acc in accs.items():
-            self.fine[start].absorb(acc, cfg.max_centroids, thresholds.itl_ms)
-            self._touch(FINE, start)
+        self._fold(accs, seen)
         self.late += result.late
         self.duplicates += result.duplicates
         if wm is not None and wm != self.watermark_ms:
             self.watermark_ms = wm
-            result.closed_ends = self._advance(wm)
-            for bucket in self.fine.values():
-                # New input has arrived: replay of what was lost is over.
-                bucket.refill = False
+            result.closed_ends.extend(self._advance(wm, on_close))
+            self._clear_refill()
         elif wm is not None and result.accepted:
             # A replay may recreate buckets the watermark has already closed or
             # pruned: settle them exactly as the first pass did.
-            result.closed_ends = self._advance(wm)
+            result.closed_ends.extend(self._advance(wm, on_close))
         return result
+
+    def _fold(
+        self, accs: dict[int, Accumulator], seen: dict[int, dict[int, int]] | None
+    ) -> None:
+        """Fold gathered requests (and, at the end of a call, input positions) into buckets.
+
+        Positions are marked only once the whole call is in: marking a bucket
+        mid-call would make the rest of the same input message look replayed.
+        """
+        cfg = self.config
+        for start, marks in (seen or {}).items():
+            bucket = self.fine.get(start)
+            if bucket is not None:  # pruned meanwhile: nothing left to protect
+                bucket.applied.update(marks)
+                self._touch(FINE, start)
+        for start, acc in accs.items():
+            self.fine[start].absorb(acc, cfg.max_centroids, self.thresholds.itl_ms)
+            self._touch(FINE, start)
+        accs.clear()
+        if seen is not None:
+            seen.clear()
+
+    def _clear_refill(self) -> None:
+        # New input has arrived: replay of what was lost is over.
+        for bucket in self.fine.values():
+            bucket.refill = False
 
     def _touch(self, tier: str, start: int) -> None:
         self._dirty.add((tier, start))
@@ -289,8 +328,19 @@ class SeriesWindows:
         self._dirty.discard((tier, start))
         self._deleted.add((tier, start))
 
-    def _advance(self, wm: int) -> list[int]:
-        """Close, roll up and prune everything the watermark has passed."""
+    def _next_close(self) -> int | None:
+        """Watermark at which the oldest open bucket closes."""
+        cfg = self.config
+        opens = [s for s, b in self.fine.items() if b.ids is not None]
+        return min(opens) + cfg.bucket_ms + cfg.allowed_lateness_ms if opens else None
+
+    def _advance(self, wm: int, on_close: Callable[[int], None] | None = None) -> list[int]:
+        """Close, roll up and prune everything the watermark has passed.
+
+        ``on_close(end)`` runs for every closed bucket, oldest first, *before*
+        anything is rolled up or pruned, so what it reads of windows ending at
+        ``end`` does not depend on how far the watermark has run ahead.
+        """
         cfg = self.config
         closed: list[int] = []
         for start, bucket in self.fine.items():
@@ -299,6 +349,9 @@ class SeriesWindows:
                 self._touch(FINE, start)
                 closed.append(start + cfg.bucket_ms)
         closed.sort()
+        if on_close is not None:
+            for end in closed:
+                on_close(end)
         # Roll up every hour whose minute buckets are all closed:
         # its last minute [h + rollup − bucket, h + rollup) closes at h + rollup + lateness.
         done = self._rolled_through_ms
@@ -338,8 +391,14 @@ class SeriesWindows:
         end = self.default_end() if end_ms is None else end_ms
         if end is None:
             return []
+        cfg = self.config
         start = end - window_ms
-        rollup = self.config.rollup_ms
+        rollup = cfg.rollup_ms
+        # Minute buckets this recent are always still held when a window ending
+        # at ``end`` is read; older ones may or may not be, depending on how far
+        # the watermark ran ahead (batching). Using only these keeps every
+        # window a function of the events alone.
+        horizon = end - (cfg.fine_retention_ms - cfg.allowed_lateness_ms - cfg.bucket_ms)
         parts: list[Bucket] = []
         used: set[int] = set()
         for hour, bucket in self.coarse.items():
@@ -347,7 +406,15 @@ class SeriesWindows:
                 parts.append(bucket)
                 used.add(hour)
         for s, bucket in self.fine.items():
-            if start <= s < end and (s - s % rollup) not in used:
+            if not start <= s < end:
+                continue
+            hour = s - s % rollup
+            if hour in used:
+                continue
+            whole_hour_inside = hour >= start and hour + rollup <= end
+            # A whole hour not rolled up yet still has all its minutes (pruning
+            # only follows roll-up); a partial hour counts only its recent minutes.
+            if whole_hour_inside or s >= horizon:
                 parts.append(bucket)
         return parts
 
@@ -368,6 +435,11 @@ class SeriesWindows:
                 self._closed_cache.clear()
             cached = self._closed_cache[key] = Bucket.combine(closed, mc)
         return Bucket.combine([cached, *live], mc) if live else Bucket.combine([cached], mc)
+
+    def exemplars(self, window_ms: int, end_ms: int | None = None, k: int = 5) -> list[str]:
+        """Trace ids of the ``k`` slowest requests (by E2E) of a window, slowest first."""
+        candidates = [e for part in self._parts(window_ms, end_ms) for e in part.exemplars]
+        return [trace for _, trace in heapq.nlargest(k, candidates)]
 
     def counters(self, window_ms: int, end_ms: int | None = None) -> Counters:
         """Exact counters of a window, without merging digests (cheap: burn rates)."""

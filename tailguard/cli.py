@@ -56,6 +56,12 @@ def cli() -> None:
 )
 @click.option("--windows", default=None, help="Comma-separated SLI windows, e.g. 1m,5m,1h.")
 @click.option("--lateness-ms", type=int, default=None, help="Allowed lateness in event time.")
+@click.option(
+    "--slo-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="OpenSLO v1 YAML (env TAILGUARD_SLO_FILE; default: built-in SLOs).",
+)
 @click.option("--loglevel", default="info", show_default=True)
 def worker(
     broker: str,
@@ -64,6 +70,7 @@ def worker(
     snapshot_interval: float | None,
     windows: str | None,
     lateness_ms: int | None,
+    slo_file: Path | None,
     loglevel: str,
 ) -> None:
     """Run a worker: validate input, keep sliding windows, publish SLIs."""
@@ -79,7 +86,12 @@ def worker(
         snapshot_interval_s=snapshot_interval,
         sli_windows=tuple(windows.split(",")) if windows else None,
         allowed_lateness_ms=lateness_ms,
+        slo_file=slo_file,
     )
+    if settings.slo_file is not None:
+        from tailguard.schemas.openslo import load_slos
+
+        load_slos(settings.slo_file)  # a bad file fails here, with its line, not in the worker
     sys.exit(run_worker(settings, loglevel=loglevel))
 
 

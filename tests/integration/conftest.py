@@ -74,12 +74,22 @@ class Namespace:
         return self.prefix + name
 
 
-@pytest.fixture
-def namespace(broker: str) -> Namespace:
+def _new_namespace(broker: str) -> Namespace:
     tag = uuid.uuid4().hex[:8]
     ns = Namespace(broker=broker, prefix=f"t{tag}.", app_id=f"tg-test-{tag}", partitions=2)
     create_topics(broker, catalogue(ns.partitions, prefix=ns.prefix))
     return ns
+
+
+@pytest.fixture
+def namespace(broker: str) -> Namespace:
+    return _new_namespace(broker)
+
+
+@pytest.fixture
+def second_namespace(broker: str) -> Namespace:
+    """Another isolated namespace (e.g. to replay the same input into a fresh worker)."""
+    return _new_namespace(broker)
 
 
 @dataclass
@@ -131,14 +141,15 @@ class WorkerProcess:
 def worker_factory(namespace: Namespace, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     made: list[WorkerProcess] = []
 
-    def make(name: str = "w1", *extra: str) -> WorkerProcess:
+    def make(name: str = "w1", *extra: str, ns: Namespace | None = None) -> WorkerProcess:
+        namespace_ = ns or namespace
         data_dir = tmp_path / f"data-{name}"
         env = {
             **os.environ,
-            "TAILGUARD_BROKER": namespace.broker,
-            "TAILGUARD_TOPIC_PREFIX": namespace.prefix,
-            "TAILGUARD_APP_ID": namespace.app_id,
-            "TAILGUARD_PARTITIONS": str(namespace.partitions),
+            "TAILGUARD_BROKER": namespace_.broker,
+            "TAILGUARD_TOPIC_PREFIX": namespace_.prefix,
+            "TAILGUARD_APP_ID": namespace_.app_id,
+            "TAILGUARD_PARTITIONS": str(namespace_.partitions),
             "PYTHONUNBUFFERED": "1",
         }
         args = [
@@ -266,8 +277,9 @@ class Collector:
 def collector(namespace: Namespace) -> Iterator[Callable[[str], Collector]]:
     made: list[Collector] = []
 
-    def make(name: str) -> Collector:
-        c = Collector(namespace.broker, namespace.topic(name))
+    def make(name: str, ns: Namespace | None = None) -> Collector:
+        space = ns or namespace
+        c = Collector(space.broker, space.topic(name))
         made.append(c)
         return c
 

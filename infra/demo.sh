@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# make demo: broker, topics, worker, a minute of realistic traffic with an
-# incident, a live SLI table, then a report. Stops everything it started.
+# make demo: broker, topics, worker, GPU telemetry, eight hours of replayed
+# history with an incident (fast), then a live minute of traffic with a live
+# SLI table, then a report of SLIs and breaches. Stops everything it started.
 #
 # The demo resets the local broker under $STATE (fresh broker + fresh worker
 # state together: faust's recovery consistency check, SPEC.md §7).
@@ -8,21 +9,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE="${STATE:-$PWD/.state}"
 BIN="${BIN:-$PWD/.venv/bin}"
-DURATION="${DEMO_DURATION:-75}"
-RATE="${DEMO_RATE:-40}"
+LIVE_S="${DEMO_LIVE_S:-60}"
+HISTORY_S="${DEMO_HISTORY_S:-28800}"
 DEMO_DIR="$STATE/demo"
 export TAILGUARD_STATE_DIR="$STATE"
 export TAILGUARD_BROKER="${TAILGUARD_BROKER:-127.0.0.1:9092}"
 
-worker_pid=""
-sim_pid=""
+pids=()
 cleanup() {
   set +e
-  [ -n "$sim_pid" ] && kill "$sim_pid" 2>/dev/null && wait "$sim_pid" 2>/dev/null
-  if [ -n "$worker_pid" ] && kill -0 "$worker_pid" 2>/dev/null; then
-    echo "· stopping the worker"
-    kill -TERM "$worker_pid"; wait "$worker_pid" 2>/dev/null
-  fi
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
   echo "· stopping the broker"
   infra/kafka/kafka.sh down
 }
@@ -35,17 +32,25 @@ infra/kafka/kafka.sh up
 
 rm -rf "$DEMO_DIR"; mkdir -p "$DEMO_DIR"
 echo "· worker (log: $DEMO_DIR/worker.log)"
-"$BIN/tailguard" worker --data-dir "$DEMO_DIR/worker" --snapshot-interval 2 --loglevel warning \
-  >"$DEMO_DIR/worker.log" 2>&1 &
-worker_pid=$!
+"$BIN/tailguard" worker --data-dir "$DEMO_DIR/worker" --snapshot-interval 2 \
+  --lateness-ms 10000 --loglevel warning >"$DEMO_DIR/worker.log" 2>&1 &
+pids+=($!)
 
-echo "· simulator: ${RATE} req/s for ${DURATION}s; silent collapse on service chat from 25s to 55s"
-"$BIN/tailguard" simulate --rate "$RATE" --duration "$DURATION" --seed 42 --pace realtime \
-  --incident "silent_collapse:25:55:service=chat" >"$DEMO_DIR/simulator.log" 2>&1 &
-sim_pid=$!
+echo "· GPU telemetry (simulated NVML; gpu-node-01 under thermal/power pressure)"
+"$BIN/tailguard" gpu-sampler --simulate --interval 2 --pressure "gpu-node-01:0:100000" --quiet \
+  >"$DEMO_DIR/gpu.log" 2>&1 &
+pids+=($!)
 
-"$BIN/tailguard" watch --window 1m --duration "$((DURATION + 10))" || true
-wait "$sim_pid" || { echo "simulator failed:"; tail -20 "$DEMO_DIR/simulator.log"; exit 1; }
-sim_pid=""
+echo "· history: $((HISTORY_S / 3600)) h of traffic at full speed; silent collapse on service chat from 2:00 to 2:30"
+"$BIN/tailguard" simulate --rate 3 --duration "$HISTORY_S" --seed 7 --pace max \
+  --incident "silent_collapse:7200:9000:service=chat" >"$DEMO_DIR/history.log" 2>&1 \
+  || { echo "simulator failed:"; tail -20 "$DEMO_DIR/history.log"; exit 1; }
+tail -1 "$DEMO_DIR/history.log"
+
+echo "· live: 20 req/s for ${LIVE_S}s (watch the open minute move; Ctrl-C ends the demo)"
+"$BIN/tailguard" simulate --rate 20 --duration "$LIVE_S" --seed 42 --pace realtime \
+  >"$DEMO_DIR/live.log" 2>&1 &
+pids+=($!)
+"$BIN/tailguard" watch --window 5m --duration "$((LIVE_S + 5))" || true
 sleep 3
 "$BIN/tailguard" report --idle 5

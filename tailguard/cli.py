@@ -161,10 +161,12 @@ def watch(broker: str, window: str, duration: float | None) -> None:
     help="Stop reading after this many seconds without a record.",
 )
 def report(broker: str, window: str, idle: float) -> None:
-    """Summarise the final SLI snapshots on the topic, per series."""
+    """Summarise the final SLI snapshots per series, then every breach transition."""
+    from tailguard.console import breach_report
     from tailguard.console import report as run_report
 
     run_report(broker, idle_s=idle, window=window)
+    breach_report(broker, idle_s=idle)
 
 
 def _attach_plugins() -> None:

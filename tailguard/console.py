@@ -1,6 +1,7 @@
 """Terminal views: ``tailguard tail`` (follow a topic) and the live SLI table."""
 
 import json
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from tailguard.catalogue import SLI, default_prefix
+from tailguard.catalogue import BREACHES, SLI, default_prefix
 from tailguard.kafka_admin import ensure_broker
 
 __all__ = ["follow", "sli_table", "tail", "watch_sli"]
@@ -203,5 +204,58 @@ def report(broker: str, *, idle_s: float = 5.0, window: str = "1m") -> dict[str,
             f"[{style}]{r['worst_compliance']:.2%}[/{style}]",
             when,
         )
-    Console().print(table)
+    _console().print(table)
+    return rows
+
+
+def _gpu_summary(gpus: list[dict[str, Any]]) -> str:
+    """``3 GPUs on gpu-node-01 · util ≤ 98% · ≤ 80°C · throttled · 30 s old``."""
+    known = [g for g in gpus if g.get("known")]
+    if not gpus:
+        return ""
+    if not known:
+        return f"{len(gpus)} GPU(s), no telemetry"
+    hosts = sorted({g["host"] for g in known})
+    util = max(g.get("util_gpu_pct") or 0 for g in known)
+    temp = max(g.get("temp_c") or 0 for g in known)
+    age = min(g.get("age_ms", 0) for g in known) / 1000
+    throttled = any(g.get("throttle_reasons") for g in known)
+    return (
+        f"{len(known)} GPU(s) on {','.join(hosts)} · util ≤ {util:.0f}% · ≤ {temp:.0f}°C"
+        f"{' · throttled' if throttled else ''} · {age:.0f}s old"
+    )
+
+
+def _console() -> Console:
+    """A wide console when output is not a terminal (logs, CI), so tables stay readable."""
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def breach_report(broker: str, *, idle_s: float = 5.0) -> list[dict[str, Any]]:
+    """Print every breach transition on the breaches topic; returns them."""
+    topic = default_prefix() + BREACHES
+    rows: list[dict[str, Any]] = []
+    for _key, value, _headers in follow(broker, topic, from_beginning=True, idle_exit_s=idle_s):
+        rows.append(json.loads(value or b"{}"))
+    table = Table(title="tailguard · breaches (burn-rate lifecycle)", expand=True)
+    for col in ("event time", "series", "slo", "state", "severity", "burn 1h / 5m",
+                "budget left", "GPUs (util, temp, age)"):
+        table.add_column(col)
+    for b in rows:
+        s = b["series"]
+        rates = b.get("burn_rates", {})
+        gpus = _gpu_summary(b.get("gpu", [])) or (b.get("gpu_note") or "–")
+        colour = {"opened": "red", "resolved": "green"}.get(b["state"], "yellow")
+        budget = b.get("budget_remaining")
+        table.add_row(
+            time.strftime("%H:%M", time.gmtime(b["at_ms"] / 1000)) + "Z",
+            f"{s['service']}/{s['model']}/{s['variant']}/{s['tenant']}",
+            b["slo"],
+            f"[{colour}]{b['state']}[/{colour}]",
+            b["severity"],
+            f"{rates.get('1h', 0):.1f}× / {rates.get('5m', 0):.1f}×",
+            "–" if budget is None else f"{budget:.0%}",
+            gpus,
+        )
+    _console().print(table)
     return rows

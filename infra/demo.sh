@@ -41,9 +41,9 @@ echo "· GPU telemetry (simulated NVML; gpu-node-01 under thermal/power pressure
   >"$DEMO_DIR/gpu.log" 2>&1 &
 pids+=($!)
 
-echo "· history: $((HISTORY_S / 3600)) h of traffic at full speed; silent collapse on service chat from 2:00 to 2:30"
+echo "· history: $((HISTORY_S / 3600)) h of traffic at full speed; TTFT collapse (cache-miss storm + batching + throttling) on model llama-3.1-8b-instruct (served by gpu-node-01) from 2:00 to 2:30"
 "$BIN/tailguard" simulate --rate 3 --duration "$HISTORY_S" --seed 7 --pace max \
-  --incident "silent_collapse:7200:9000:service=chat" >"$DEMO_DIR/history.log" 2>&1 \
+  --incident "silent_collapse:7200:9000:model=llama-3.1-8b-instruct" >"$DEMO_DIR/history.log" 2>&1 \
   || { echo "simulator failed:"; tail -20 "$DEMO_DIR/history.log"; exit 1; }
 tail -1 "$DEMO_DIR/history.log"
 

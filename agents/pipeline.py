@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import faust
 from tailguard.agents.app import make_app
 from tailguard.agents.breaches import BreachEngine, thresholds_resolver
-from tailguard.agents.gpu import register_gpu
+from tailguard.agents.gpu import GpuCache, register_gpu
 from tailguard.agents.ingest import register_ingest
 from tailguard.agents.settings import Settings
 from tailguard.agents.sli import register_sli
@@ -29,6 +29,7 @@ class Pipeline:
     tables: Tables
     store: SeriesStore
     engine: BreachEngine
+    gpu_cache: GpuCache
     stats: WorkerStats
 
 
@@ -40,7 +41,8 @@ def build(settings: Settings) -> Pipeline:
     ring = RingConfig(allowed_lateness_ms=settings.allowed_lateness_ms)
     slos = load_slos(settings.slo_file) if settings.slo_file else default_slos()
     store = SeriesStore(tables.series_meta, tables.series_buckets, ring, thresholds_resolver(slos))
-    engine = BreachEngine(slos=slos, state_table=tables.breach_state, gpu_table=tables.gpu_latest)
+    gpu_cache = GpuCache(settings.broker, topics.gpu.get_topic_name())
+    engine = BreachEngine(slos=slos, state_table=tables.breach_state, gpu_table=gpu_cache)
     stats = WorkerStats()
     register_ingest(app, topics, settings, stats)
     register_gpu(app, topics, settings, stats, tables.gpu_latest)
@@ -50,4 +52,4 @@ def build(settings: Settings) -> Pipeline:
     async def log_stats() -> None:
         app.log.info("tailguard %s", stats.line())
 
-    return Pipeline(app, settings, topics, tables, store, engine, stats)
+    return Pipeline(app, settings, topics, tables, store, engine, gpu_cache, stats)

@@ -96,6 +96,11 @@ def snapshot_payload(
 _MAX_GPUS_PER_SERIES = 64
 
 
+def _series_of(key: str) -> tuple[str, str, str, str]:
+    service, model, variant, tenant = key.split("|", 3)
+    return service, model, variant, tenant
+
+
 def _note_gpus(cached: CachedSeries, events: list[Any]) -> None:
     """Remember which GPUs served the series (for the breach GPU join)."""
     gpus = cached.gpus
@@ -194,6 +199,9 @@ def register_sli(
 
         @app.timer(settings.snapshot_interval_s, name="tailguard.sli.provisional")
         async def provisional() -> None:
+            if store.needs_warm and app.tables.recovery.completed.is_set():
+                loaded = store.warm()
+                app.log.info("tailguard: loaded %d series from the tables", loaded)
             for key, cached in store.items():
                 if not cached.dirty:
                     continue
@@ -201,12 +209,13 @@ def register_sli(
                 if end is None:
                     continue
                 cached.dirty = False
-                await send_all(snapshots(names[key], cached.state, end, final=False))
+                series = names.get(key) or _series_of(key)
+                await send_all(snapshots(series, cached.state, end, final=False))
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
-        store.forget_partitions(
-            {tp.partition for tp in revoked if tp.topic == topics.series.get_topic_name()}
-        )
+        # Partitions may come back or go elsewhere: drop the cache and let the
+        # next timer tick reload what this worker still owns from the tables.
+        store.forget_all()
 
     return sli

@@ -57,6 +57,9 @@ class SeriesStore:
         self._ring = ring
         self._thresholds = thresholds or (lambda _series: Thresholds())
         self._cache: dict[str, CachedSeries] = {}
+        #: Set at start and after every rebalance: the next timer tick (once
+        #: recovery is complete) loads every owned series from the tables.
+        self.needs_warm = True
 
     def get(self, series: str, partition: int) -> CachedSeries:
         """The live state of ``series``; restored from the tables on first use.
@@ -91,6 +94,26 @@ class SeriesStore:
             if key in self._buckets:
                 del self._buckets[key]
         self._meta[series] = changes.meta
+
+    def warm(self) -> int:
+        """Load every series of the partitions this worker owns (after start or a rebalance).
+
+        Without it a restarted worker that has nothing new to consume would never
+        publish its restored series again. Returns how many series were loaded.
+        """
+        loaded = 0
+        for raw in list(self._meta.keys()):
+            key = raw.decode() if isinstance(raw, bytes) else str(raw)
+            if key not in self._cache:
+                self.get(key, partition=-1).dirty = True
+                loaded += 1
+        self.needs_warm = False
+        return loaded
+
+    def forget_all(self) -> None:
+        """Drop the cache (partitions moved); :meth:`warm` reloads what is still ours."""
+        self._cache.clear()
+        self.needs_warm = True
 
     def forget_partitions(self, partitions: set[int]) -> int:
         """Drop cached series of revoked partitions; returns how many were dropped."""

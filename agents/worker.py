@@ -55,10 +55,13 @@ def run_worker(settings: Settings, loglevel: str = "info") -> int:
             settings.data_dir,
         )
     code = 1
+    pipeline.gpu_cache.start()
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        pipeline.gpu_cache.stop()
     if code == 0:
         (settings.data_dir / CLEAN_MARKER).touch()
     return code

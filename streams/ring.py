@@ -56,7 +56,7 @@ FINE = "m"
 COARSE = "h"
 #: Input messages per series whose starting watermark is remembered (only
 #: messages processed since the last consumer commit can be replayed).
-_WM_HISTORY = 64
+_WM_HISTORY = 256
 
 #: The sliding windows of SPEC.md §3.1, in milliseconds.
 WINDOWS: dict[str, int] = {
@@ -220,8 +220,11 @@ class SeriesWindows:
                         judge = wm
                     else:
                         # A replay: judge it against the watermark it first met, not
-                        # one its own later events (or later messages) advanced.
-                        judge = history.get(current, wm)
+                        # one its own later events (or later messages) advanced. Older
+                        # than the remembered history: no lateness check at all —
+                        # dropping a replayed event silently would lose it for good,
+                        # while re-admitting one that was late the first time is rare.
+                        judge = history.get(current)
                 if bucket is not None and offset <= bucket.applied.get(part, -1):
                     result.replayed += 1
                     if judge is None or ts > judge:
@@ -309,7 +312,11 @@ class SeriesWindows:
                 bucket.applied.update(marks)
                 self._touch(FINE, start)
         for start, acc in accs.items():
-            self.fine[start].absorb(acc, cfg.max_centroids, self.thresholds.itl_ms)
+            bucket = self.fine[start]
+            if bucket.ids is None:
+                # A replay refilling a closed bucket: merged closed parts are stale.
+                self._closed_cache.clear()
+            bucket.absorb(acc, cfg.max_centroids, self.thresholds.itl_ms)
             self._touch(FINE, start)
         accs.clear()
         if seen is not None:

@@ -162,7 +162,7 @@ def worker_factory(namespace: Namespace, tmp_path: Path) -> Iterator[Callable[..
             "--snapshot-interval",
             "1",
             "--loglevel",
-            "warning",
+            os.environ.get("TAILGUARD_TEST_LOGLEVEL", "warning"),
             *extra,
         ]
         wp = WorkerProcess(args=args, env=env, log_path=tmp_path / f"worker-{name}.log")
@@ -263,7 +263,12 @@ class Collector:
                 return
             if worker is not None and not worker.alive():
                 raise AssertionError(f"worker died:\n{worker.log_tail()}")
-        detail = worker.log_tail() if worker is not None else ""
+        detail = ""
+        if worker is not None:
+            if worker.alive() and worker.proc is not None:
+                worker.proc.send_signal(signal.SIGUSR1)  # mode dumps every task's stack
+                time.sleep(2)
+            detail = worker.log_tail(400)
         raise AssertionError(
             f"timed out after {timeout}s waiting on {self.topic} "
             f"({len(self.records)} records)\n{detail}"

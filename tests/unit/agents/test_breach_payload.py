@@ -30,3 +30,15 @@ def test_a_transition_becomes_a_breach_event_with_its_evidence() -> None:
     assert payload["series"] == {"service": "s", "model": "m", "variant": "v", "tenant": "t"}
     assert payload["burn_rates"]["1h"] == 20.0 and payload["exemplars"] == ["e" * 32]
     assert payload["gpu_note"], "an empty GPU join says why"
+
+
+def test_the_gpu_cache_keeps_the_newest_sample_and_ignores_bad_ones() -> None:
+    from tailguard.agents.gpu import GpuCache
+
+    cache = GpuCache("unused:9092", "tailguard.gpu")
+    key = gpu_key("n1", 0).encode()
+    cache.offer(key, encode(GpuSample(ts_ms=2_000, host="n1", gpu=0, temp_c=70.0)))
+    cache.offer(key, encode(GpuSample(ts_ms=1_000, host="n1", gpu=0, temp_c=50.0)))  # older
+    cache.offer(key, b"{not json")
+    joined = gpu_join(cache, [("n1", 0)], now_ms=2_500)
+    assert joined[0]["temp_c"] == 70.0 and joined[0]["age_ms"] == 500

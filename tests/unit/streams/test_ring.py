@@ -472,3 +472,25 @@ def test_replaying_a_message_after_restore_does_not_count_its_late_events_twice(
     restored = SeriesWindows.restore(meta, lambda tier, start: store.get((tier, start)))
     restored.add(message, positions=[(0, 2)] * 2)
     assert restored.late == original.late == 1
+
+
+def test_a_window_read_before_a_replay_refills_a_closed_bucket_sees_the_refill(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    """Replay may legitimately add to a closed bucket whose record was stale;
+    the merged-window cache must not keep serving the old sum."""
+    first = [make_event(t0 + 1_000 * i, event_id=f"a{i}") for i in range(3)]
+    second = [make_event(t0 + 1_000 * i + 500, event_id=f"b{i}") for i in range(3)]
+    closer = [make_event(minute(t0, 10), event_id="late-closer")]
+    original = make_windows()
+    original.add(first, positions=[(0, 1)] * 3)
+    stale = original.take_changes()
+    original.add(second, positions=[(0, 2)] * 3)
+    original.add(closer, positions=[(0, 3)])
+    changes = original.take_changes()
+    store = dict(stale.upserts)  # the minute-0 record of offset 2 never reached the store
+    store.update({k: v for k, v in changes.upserts.items() if k != ("m", t0)})
+    restored = SeriesWindows.restore(changes.meta, lambda tier, start: store.get((tier, start)))
+    assert restored.window(WINDOWS["1h"], minute(t0, 11)).counters.requests == 4
+    restored.add(second, positions=[(0, 2)] * 3)
+    assert restored.window(WINDOWS["1h"], minute(t0, 11)).counters.requests == 7

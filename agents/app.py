@@ -28,9 +28,6 @@ def make_app(settings: Settings) -> faust.App:
         producer_max_request_size=8 * 1024 * 1024,
         consumer_max_fetch_size=8 * 1024 * 1024,
         consumer_auto_offset_reset="earliest",
-        # A killed worker's partitions move to the others after 10 s, not 60.
-        broker_session_timeout=10.0,
-        broker_heartbeat_interval=3.0,
         broker_commit_every=2_000,
         broker_commit_interval=1.0,
         stream_buffer_maxsize=8_192,

@@ -107,7 +107,11 @@ class BreachEngine:
             )
             verdict = evaluate(spec, self.burn, counters)
             new, transitions = advance(state, end_ms, verdict, self.lifecycle)
-            if new != state:
+            # Persist only real changes: a quiet (series, SLO) would otherwise write
+            # a changelog record every minute just to move ``last_at_ms``. Re-running
+            # an unpersisted quiet evaluation after a crash gives the same verdict,
+            # so nothing is lost by not remembering it.
+            if transitions or new.is_open:
                 self.state_table[skey] = new.to_bytes()
             out.extend(transitions)
         return out

@@ -76,6 +76,7 @@ did". It is exact when a window of the full period is passed in, and goes
 negative when the budget is overspent.
 """
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -131,6 +132,7 @@ _DURATION = re.compile(r"([1-9][0-9]*)([smhdw])")
 _EXCEED_TOLERANCE = 1e-9
 
 
+@functools.lru_cache(maxsize=256)
 def window_ms(name: str) -> int:
     """Milliseconds of a window name such as ``5m``, ``2h``, ``3d`` or ``30d``."""
     match = _DURATION.fullmatch(name)

@@ -248,7 +248,9 @@ class Bucket:
     def from_bytes(cls, data: bytes, *, key: Any = None) -> "Bucket":
         try:
             wire = msgspec.msgpack.decode(data, type=_Wire)
-            digests = {k: Sketch.from_bytes(v, DEFAULT_MAX_CENTROIDS) for k, v in wire.digests.items()}
+            digests = {
+                k: Sketch.from_bytes(v, DEFAULT_MAX_CENTROIDS) for k, v in wire.digests.items()
+            }
             counters = Counters.from_list(wire.counters)
             ids = None
             if wire.ids is not None:

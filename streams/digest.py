@@ -133,6 +133,7 @@ def _exact_quantiles(values: np.ndarray, qs: Sequence[float]) -> list[float]:
     out = v[lo] + (v[hi] - v[lo]) * (pos - lo)
     return [float(x) for x in out]
 
+
 _TAG_DIGEST = b"D"
 
 
@@ -244,7 +245,9 @@ class Sketch:
         if self._values is not None:
             if not self._values.size:
                 return TDigest(max_centroids=self.max_centroids)
-            return TDigest.from_values(self._values, max_centroids=max(self.max_centroids, EXACT_LIMIT))
+            return TDigest.from_values(
+                self._values, max_centroids=max(self.max_centroids, EXACT_LIMIT)
+            )
         assert self._digest is not None
         return self._digest
 
@@ -280,7 +283,9 @@ class Sketch:
         return out
 
     @classmethod
-    def of(cls, values: Sequence[float] | np.ndarray, max_centroids: int = DEFAULT_MAX_CENTROIDS) -> "Sketch":
+    def of(
+        cls, values: Sequence[float] | np.ndarray, max_centroids: int = DEFAULT_MAX_CENTROIDS
+    ) -> "Sketch":
         out = cls(max_centroids)
         out.add(values)
         return out

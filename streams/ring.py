@@ -297,9 +297,7 @@ class SeriesWindows:
             result.closed_ends.extend(self._advance(wm, on_close))
         return result
 
-    def _fold(
-        self, accs: dict[int, Accumulator], seen: dict[int, dict[int, int]] | None
-    ) -> None:
+    def _fold(self, accs: dict[int, Accumulator], seen: dict[int, dict[int, int]] | None) -> None:
         """Fold gathered requests (and, at the end of a call, input positions) into buckets.
 
         Positions are marked only once the whole call is in: marking a bucket

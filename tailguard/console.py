@@ -238,8 +238,16 @@ def breach_report(broker: str, *, idle_s: float = 5.0) -> list[dict[str, Any]]:
     for _key, value, _headers in follow(broker, topic, from_beginning=True, idle_exit_s=idle_s):
         rows.append(json.loads(value or b"{}"))
     table = Table(title="tailguard · breaches (burn-rate lifecycle)", expand=True)
-    for col in ("event time", "series", "slo", "state", "severity", "burn 1h / 5m",
-                "budget left", "GPUs (util, temp, age)"):
+    for col in (
+        "event time",
+        "series",
+        "slo",
+        "state",
+        "severity",
+        "burn 1h / 5m",
+        "budget left",
+        "GPUs (util, temp, age)",
+    ):
         table.add_column(col)
     for b in rows:
         s = b["series"]

@@ -123,15 +123,18 @@ class BreachEngine:
         cached: CachedSeries,
         source: str,
     ) -> list[tuple[bytes, list[tuple[str, bytes]]]]:
+        if not transitions:
+            return []
         now = int(time.time() * 1000)
+        # One join per batch of transitions: they share the series' GPUs and "now".
+        gpu = gpu_join(self.gpu_table, sorted(cached.gpus), now)
         framed = []
-        gpus = sorted(cached.gpus)
         for t in transitions:
             payload = breach_payload(
                 t,
                 series,
                 exemplars=cached.state.exemplars(self.exemplar_window_ms, t.at_ms),
-                gpu=gpu_join(self.gpu_table, gpus, now),
+                gpu=gpu,
                 now_ms=now,
             )
             framed.append(frame(payload, source=source))

@@ -30,7 +30,6 @@ __all__ = [
     "digest_from_bytes",
     "digest_to_bytes",
     "from_tdigest_dict",
-    "merged",
     "new_digest",
     "to_tdigest_dict",
 ]
@@ -61,15 +60,6 @@ def add_values(
         return batch
     digest.merge_inplace(batch)
     return digest
-
-
-def merged(digests: Sequence[TDigest], max_centroids: int) -> TDigest:
-    """A new digest holding every digest of ``digests`` (which are left untouched)."""
-    out = TDigest(max_centroids=max_centroids)
-    for d in digests:
-        if not d.is_empty():
-            out.merge_inplace(d)
-    return out
 
 
 def digest_to_bytes(digest: TDigest) -> bytes:

@@ -84,7 +84,10 @@ class RingConfig:
 
     def __post_init__(self) -> None:
         if self.bucket_ms <= 0 or self.rollup_ms <= 0 or self.rollup_ms % self.bucket_ms:
-            msg = f"rollup_ms ({self.rollup_ms}) must be a positive multiple of bucket_ms ({self.bucket_ms})"
+            msg = (
+                f"rollup_ms ({self.rollup_ms}) must be a positive multiple of "
+                f"bucket_ms ({self.bucket_ms})"
+            )
             raise ConfigError(msg)
         if self.allowed_lateness_ms < 0:
             msg = f"allowed_lateness_ms must be ≥ 0, got {self.allowed_lateness_ms}"
@@ -97,7 +100,10 @@ class RingConfig:
             )
             raise ConfigError(msg)
         if self.retention_ms < self.fine_retention_ms:
-            msg = f"retention_ms ({self.retention_ms}) must be ≥ fine_retention_ms ({self.fine_retention_ms})"
+            msg = (
+                f"retention_ms ({self.retention_ms}) must be ≥ "
+                f"fine_retention_ms ({self.fine_retention_ms})"
+            )
             raise ConfigError(msg)
         for name in ("max_centroids", "coarse_max_centroids"):
             value = getattr(self, name)

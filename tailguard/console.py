@@ -69,15 +69,14 @@ def follow(
 def tail(broker: str, topic: str, *, from_beginning: bool, limit: int | None) -> None:
     """Pretty-print records of ``topic`` as they arrive."""
     console = Console()
-    n = 0
-    for key, value, _headers in follow(broker, topic, from_beginning=from_beginning):
+    records = follow(broker, topic, from_beginning=from_beginning)
+    for n, (key, value, _headers) in enumerate(records, start=1):
         try:
             body: Any = json.loads(value or b"null")
             console.print_json(data=body)
         except (ValueError, UnicodeDecodeError):
             console.print(repr(value))
         console.print(f"[dim]key={key!r}[/dim]")
-        n += 1
         if limit is not None and n >= limit:
             return
 

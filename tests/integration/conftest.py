@@ -45,7 +45,7 @@ def broker() -> Iterator[str]:
     if _answers(BROKER):
         yield BROKER
         return
-    host, port = BROKER.rsplit(":", 1)
+    _host, port = BROKER.rsplit(":", 1)
     env = {
         **os.environ,
         "TAILGUARD_STATE_DIR": str(TEST_STATE),
@@ -190,7 +190,8 @@ def produce_messages(
             "bootstrap.servers": broker,
             "linger.ms": 10,
             "enable.idempotence": True,
-            "message.max.bytes": 8_000_000, "compression.type": compression,
+            "message.max.bytes": 8_000_000,
+            "compression.type": compression,
         }
     )
 

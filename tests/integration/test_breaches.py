@@ -25,19 +25,28 @@ def inference_messages(start_ms: int) -> list[tuple[bytes, bytes]]:
     for minute in range(total):
         batch = []
         for svc in ("svc-hot", "svc-b", "svc-c"):
-            bad = svc == "svc-hot" and HEALTHY_BEFORE_MIN <= minute < HEALTHY_BEFORE_MIN + INCIDENT_MIN
+            bad = (
+                svc == "svc-hot"
+                and HEALTHY_BEFORE_MIN <= minute < HEALTHY_BEFORE_MIN + INCIDENT_MIN
+            )
             for i in range(RATE_PER_MIN):
                 ttft = 2_500.0 if bad else 200.0 + i
-                batch.append({
-                    "event_id": f"{svc}-{minute}-{i}",
-                    "ts_ms": start_ms + minute * MIN + i * (MIN // RATE_PER_MIN),
-                    "service": svc, "model": "m1", "status": "ok",
-                    "ttft_ms": ttft, "e2e_ms": ttft + 400.0, "output_tokens": 9,
-                    "itl_ms": [50.0] * 8,
-                    "trace_id": f"{minute:016x}{i:08x}{len(svc):08x}",
-                    "host": "gpu-node-07" if svc == "svc-hot" else "gpu-node-09",
-                    "gpu_ids": [0, 1] if svc == "svc-hot" else [3],
-                })
+                batch.append(
+                    {
+                        "event_id": f"{svc}-{minute}-{i}",
+                        "ts_ms": start_ms + minute * MIN + i * (MIN // RATE_PER_MIN),
+                        "service": svc,
+                        "model": "m1",
+                        "status": "ok",
+                        "ttft_ms": ttft,
+                        "e2e_ms": ttft + 400.0,
+                        "output_tokens": 9,
+                        "itl_ms": [50.0] * 8,
+                        "trace_id": f"{minute:016x}{i:08x}{len(svc):08x}",
+                        "host": "gpu-node-07" if svc == "svc-hot" else "gpu-node-09",
+                        "gpu_ids": [0, 1] if svc == "svc-hot" else [3],
+                    }
+                )
         # One key, so one input partition: Kafka orders records per partition
         # only, and the per-series watermark is the newest event seen — a replay
         # that interleaves two partitions differently may judge lateness
@@ -49,20 +58,44 @@ def inference_messages(start_ms: int) -> list[tuple[bytes, bytes]]:
 def gpu_messages(now_ms: int) -> list[tuple[bytes, bytes]]:
     out = []
     for host, gpu in (("gpu-node-07", 0), ("gpu-node-07", 1), ("gpu-node-09", 3)):
-        sample = {"ts_ms": now_ms - 1_000, "host": host, "gpu": gpu, "util_gpu_pct": 97.0,
-                  "mem_used_mib": 78_000.0, "mem_total_mib": 81_559.0, "power_w": 690.0,
-                  "temp_c": 84.0, "throttle_reasons": ["sw_thermal"]}
+        sample = {
+            "ts_ms": now_ms - 1_000,
+            "host": host,
+            "gpu": gpu,
+            "util_gpu_pct": 97.0,
+            "mem_used_mib": 78_000.0,
+            "mem_total_mib": 81_559.0,
+            "power_w": 690.0,
+            "temp_c": 84.0,
+            "throttle_reasons": ["sw_thermal"],
+        }
         out.append((f"{host}:{gpu}".encode(), json.dumps(sample).encode()))
     return out
 
 
 def breach_sequence(records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    return [(r["breach_id"], r["seq"], r["state"], r["severity"], r["slo"], r["at_ms"],
-             r["series"]["service"]) for r in records]
+    return [
+        (
+            r["breach_id"],
+            r["seq"],
+            r["state"],
+            r["severity"],
+            r["slo"],
+            r["at_ms"],
+            r["series"]["service"],
+        )
+        for r in records
+    ]
 
 
-def run_once(namespace: Any, worker_factory: Callable[..., Any], collector: Callable[[str], Any],
-             produce: Callable[..., Any], start_ms: int, name: str) -> list[dict[str, Any]]:
+def run_once(
+    namespace: Any,
+    worker_factory: Callable[..., Any],
+    collector: Callable[[str], Any],
+    produce: Callable[..., Any],
+    start_ms: int,
+    name: str,
+) -> list[dict[str, Any]]:
     now = int(time.time() * 1000)
     produce(namespace.broker, namespace.topic("tailguard.gpu"), gpu_messages(now))
     worker = worker_factory(name, ns=namespace).start()
@@ -71,7 +104,8 @@ def run_once(namespace: Any, worker_factory: Callable[..., Any], collector: Call
     breaches = collector("tailguard.breaches", ns=namespace)
     breaches.wait_for(
         lambda r: any(x["state"] == "resolved" and x["series"]["service"] == "svc-hot" for x in r),
-        timeout=240, worker=worker,
+        timeout=240,
+        worker=worker,
     )
     time.sleep(5)
     breaches.poll(2)
@@ -80,10 +114,15 @@ def run_once(namespace: Any, worker_factory: Callable[..., Any], collector: Call
 
 
 def test_one_incident_opens_one_page_that_resolves_and_replays_identically(
-    namespace: Any, worker_factory: Callable[..., Any], collector: Callable[[str], Any],
-    produce: Callable[..., Any], second_namespace: Any,
+    namespace: Any,
+    worker_factory: Callable[..., Any],
+    collector: Callable[[str], Any],
+    produce: Callable[..., Any],
+    second_namespace: Any,
 ) -> None:
-    start = int(time.time() * 1000) - (HEALTHY_BEFORE_MIN + INCIDENT_MIN + HEALTHY_AFTER_MIN + 10) * MIN
+    start = (
+        int(time.time() * 1000) - (HEALTHY_BEFORE_MIN + INCIDENT_MIN + HEALTHY_AFTER_MIN + 10) * MIN
+    )
     records = run_once(namespace, worker_factory, collector, produce, start, "first")
 
     assert {r["series"]["service"] for r in records} == {"svc-hot"}, "healthy series never breach"

@@ -14,12 +14,26 @@ from hypothesis import strategies as st
 
 pytestmark = pytest.mark.integration
 
-GOOD = {"event_id": "x", "service": "fuzz", "model": "m", "status": "ok",
-        "e2e_ms": 300.0, "ttft_ms": 120.0, "output_tokens": 4, "itl_ms": [20.0, 21.0, 22.0]}
+GOOD = {
+    "event_id": "x",
+    "service": "fuzz",
+    "model": "m",
+    "status": "ok",
+    "e2e_ms": 300.0,
+    "ttft_ms": 120.0,
+    "output_tokens": 4,
+    "itl_ms": [20.0, 21.0, 22.0],
+}
 NOT_UTF8 = b'{"event_id": "\xff\xfe'
 WRONG: dict[str, Any] = {
-    "event_id": [1], "service": 5, "model": {"a": 1}, "status": "exploded",
-    "e2e_ms": "slow", "ttft_ms": "fast", "output_tokens": "many", "itl_ms": "gaps",
+    "event_id": [1],
+    "service": 5,
+    "model": {"a": 1},
+    "status": "exploded",
+    "e2e_ms": "slow",
+    "ttft_ms": "fast",
+    "output_tokens": "many",
+    "itl_ms": "gaps",
 }
 
 
@@ -62,14 +76,17 @@ def _is_json(raw: bytes) -> bool:
 
 
 def test_ten_thousand_generated_bad_messages_are_all_dead_lettered_and_valid_events_count(
-    namespace: Any, worker_factory: Callable[..., Any], collector: Callable[[str], Any],
+    namespace: Any,
+    worker_factory: Callable[..., Any],
+    collector: Callable[[str], Any],
     produce: Callable[..., list[tuple[int, int]]],
 ) -> None:
     now = int(time.time() * 1000)
     bad: list[bytes] = []
 
-    @settings(max_examples=10_000, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=10_000, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+    )
     @given(bad_message_strategy(now))
     def gather(raw: bytes) -> None:
         bad.append(raw)
@@ -89,13 +106,21 @@ def test_ten_thousand_generated_bad_messages_are_all_dead_lettered_and_valid_eve
 
     worker = worker_factory("fuzz").start()
     dead = collector("tailguard.deadletter")
-    dead.wait_for(lambda r: {(x["partition"], x["offset"]) for x in r} >= bad_positions,
-                  timeout=600, worker=worker)
+    dead.wait_for(
+        lambda r: {(x["partition"], x["offset"]) for x in r} >= bad_positions,
+        timeout=600,
+        worker=worker,
+    )
     sli = collector("tailguard.sli")
     sli.wait_for(
-        lambda r: any(x["series"]["service"] == "fuzz" and x["window"] == "1h"
-                      and x["count"] == len(valid_events) for x in r),
-        timeout=120, worker=worker,
+        lambda r: any(
+            x["series"]["service"] == "fuzz"
+            and x["window"] == "1h"
+            and x["count"] == len(valid_events)
+            for x in r
+        ),
+        timeout=120,
+        worker=worker,
     )
     assert worker.alive(), "no bad message stops the worker"
     assert all(x["reason"] and x["detail"] for x in dead.records)

@@ -19,10 +19,20 @@ def test_the_gpu_join_gives_each_known_gpu_its_age_and_flags_unknown_ones() -> N
 
 def test_a_transition_becomes_a_breach_event_with_its_evidence() -> None:
     t = Transition(
-        state="opened", breach_id="b" * 32, seq=0, at_ms=60_000, series_key="s|m|v|t",
-        slo="ttft-p99", severity="page", opened_ms=60_000, resolved_ms=None,
-        burn_rates={"1h": 20.0, "5m": 60.0}, peak_burn_rates={"1h": 20.0, "5m": 60.0},
-        sli={"1h": 0.8}, budget_remaining=0.4, rules=("page:14.4x:1h/5m",),
+        state="opened",
+        breach_id="b" * 32,
+        seq=0,
+        at_ms=60_000,
+        series_key="s|m|v|t",
+        slo="ttft-p99",
+        severity="page",
+        opened_ms=60_000,
+        resolved_ms=None,
+        burn_rates={"1h": 20.0, "5m": 60.0},
+        peak_burn_rates={"1h": 20.0, "5m": 60.0},
+        sli={"1h": 0.8},
+        budget_remaining=0.4,
+        rules=("page:14.4x:1h/5m",),
     )
     payload = breach_payload(t, ("s", "m", "v", "t"), exemplars=["e" * 32], gpu=[], now_ms=1)
     assert payload["event_id"] == f"{'b' * 32}:0"

@@ -7,7 +7,6 @@ from importlib import resources
 import jsonschema
 import msgspec
 import pytest
-
 from tailguard.agents.sli import snapshot_payload
 from tailguard.schemas import SliSnapshot
 from tailguard.streams import WINDOWS, SeriesWindows
@@ -91,8 +90,13 @@ def test_attached_digests_load_into_the_reference_tdigest(state: SeriesWindows) 
     import tdigest
 
     payload = snapshot_payload(
-        ("chat", "m1", "control", "acme"), state, "5m", state.default_end() or 0,
-        final=False, now_ms=T0, with_digests=True,
+        ("chat", "m1", "control", "acme"),
+        state,
+        "5m",
+        state.default_end() or 0,
+        final=False,
+        now_ms=T0,
+        with_digests=True,
     )
     ref = tdigest.TDigest()
     ref.update_from_dict(payload["digests"]["ttft_ms"])

@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import pytest
-
 from tailguard.agents.errors import SettingsError
 from tailguard.agents.settings import Settings
 from tailguard.agents.state import SeriesStore, bucket_key

@@ -21,7 +21,9 @@ def test_every_python_package_folder_is_declared_for_the_wheel() -> None:
             rel = init.parent.relative_to(root)
             found.add(".".join([name, *rel.parts]) if rel.parts else name)
     missing = found - packages
-    assert not missing, f"add to [tool.setuptools] packages or they drop out of the wheel: {missing}"
+    assert not missing, (
+        f"add to [tool.setuptools] packages or they drop out of the wheel: {missing}"
+    )
 
 
 def test_declared_packages_import_under_the_tailguard_root() -> None:

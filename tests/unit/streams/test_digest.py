@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tailguard.streams import PERCENTILES, Bucket, Thresholds, summarize
 from tailguard.streams.digest import (
+    DEFAULT_MAX_CENTROIDS,
     EXACT_LIMIT,
     Sketch,
-    DEFAULT_MAX_CENTROIDS,
     TDigest,
     add_values,
     from_tdigest_dict,

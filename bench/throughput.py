@@ -19,6 +19,7 @@ machines; the ratio to the ceiling is the figure to compare across runs.
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -142,8 +143,11 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
     }
     log = open(data / "worker.log", "wb")  # noqa: SIM115 - closed below
     started = time.perf_counter()
+    # BENCH_PROFILE=path.svg records the worker with py-spy (pip install py-spy).
+    wrap = ["py-spy", "record", "-f", "raw", "-o", os.environ["BENCH_PROFILE"], "--"] if os.environ.get("BENCH_PROFILE") else []
     proc = subprocess.Popen(
         [
+            *wrap,
             sys.executable,
             "-m",
             "tailguard.cli",
@@ -202,7 +206,8 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
             if line.startswith("VmHWM:"):
                 rss = int(line.split()[1]) / 1024
     finally:
-        proc.terminate()
+        # py-spy writes its profile on SIGINT; the worker stops cleanly on either.
+        proc.send_signal(signal.SIGINT if wrap else signal.SIGTERM)
         proc.wait(60)
         c.close()
         log.close()

@@ -3,7 +3,7 @@
 A bucket is a pure reducer in the quix/bytewax sense::
 
     Bucket.empty(start)          initialise
-    bucket.absorb(accumulator)   agg(old, new): fold a batch of requests in
+    bucket.absorb(cols, index)   agg(old, new): fold a batch of requests in (columns)
     bucket.merge(other)          combine two buckets (windows are merges)
     bucket.to_bytes() / Bucket.from_bytes(b)   snapshot / restore
 
@@ -11,29 +11,25 @@ Counters are integers and therefore exact under any merge order; digests are
 t-digests whose merge is associative up to the digest's stated error.
 """
 
-import hashlib
 import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import numpy as np
+from tailguard.streams.columns import ERROR_CODES, Columns, event_hash
 from tailguard.streams.digest import DEFAULT_MAX_CENTROIDS, Sketch
 from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.sli import Thresholds
 
-__all__ = ["METRICS", "Accumulator", "Bucket", "Counters", "event_hash"]
+__all__ = ["METRICS", "Bucket", "Counters", "event_hash"]
 
 #: The latency metrics every bucket keeps a digest of.
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 #: How many slow-request exemplars (trace ids) a bucket keeps.
 EXEMPLARS = 5
-_ERROR_STATUSES = frozenset({"error", "timeout", "rejected"})
-
-
-def event_hash(event_id: str) -> int:
-    """A stable 64-bit hash of an event id (Python's ``hash`` changes per process)."""
-    return int.from_bytes(hashlib.blake2b(event_id.encode(), digest_size=8).digest(), "little")
+_ERROR_LO, _ERROR_HI = min(ERROR_CODES), max(ERROR_CODES)
+_EMPTY = np.empty(0, dtype=np.float64)
 
 
 @dataclass(slots=True)
@@ -74,70 +70,6 @@ class Counters:
         return cls(*values)
 
 
-@dataclass(slots=True)
-class Accumulator:
-    """Requests of one batch that fall into one bucket, gathered column-wise."""
-
-    counters: Counters = field(default_factory=Counters)
-    ttft: list[float] = field(default_factory=list)
-    tpot: list[float] = field(default_factory=list)
-    itl: list[float] = field(default_factory=list)
-    e2e: list[float] = field(default_factory=list)
-    exemplars: list[tuple[float, str]] = field(default_factory=list)
-
-    def add(
-        self,
-        *,
-        status: str,
-        e2e_ms: float,
-        ttft_ms: float | None,
-        output_tokens: int | None,
-        itl_ms: list[float] | None,
-        trace_id: str | None,
-        warmup: bool,
-        thresholds: Thresholds,
-    ) -> None:
-        """Fold one request in (see :mod:`tailguard.streams.sli` for the definitions)."""
-        c = self.counters
-        if warmup:
-            c.warmup += 1
-            return
-        c.requests += 1
-        if status != "ok":
-            if status in _ERROR_STATUSES:
-                c.errors += 1
-            else:
-                c.cancelled += 1
-            return
-        good = True
-        self.e2e.append(e2e_ms)
-        if thresholds.e2e_ms is not None:
-            c.e2e_total += 1
-            if e2e_ms <= thresholds.e2e_ms:
-                c.e2e_good += 1
-            else:
-                good = False
-        if ttft_ms is not None:
-            self.ttft.append(ttft_ms)
-            c.ttft_total += 1
-            if ttft_ms <= thresholds.ttft_ms:
-                c.ttft_good += 1
-            else:
-                good = False
-            if output_tokens is not None and output_tokens > 1:
-                tpot = (e2e_ms - ttft_ms) / (output_tokens - 1)
-                self.tpot.append(tpot)
-                if tpot > thresholds.itl_ms:
-                    good = False
-        if itl_ms:
-            # itl_total / itl_good are counted per batch with numpy in Bucket.absorb.
-            self.itl.extend(itl_ms)
-        if good:
-            c.good_requests += 1
-        if trace_id:
-            self.exemplars.append((e2e_ms, trace_id))
-
-
 class _Wire(msgspec.Struct, array_like=True):
     start_ms: int
     counters: list[int]
@@ -174,26 +106,91 @@ class Bucket:
     def empty(cls, start_ms: int) -> "Bucket":
         return cls(start_ms=start_ms)
 
-    def absorb(self, acc: Accumulator, max_centroids: int, itl_threshold_ms: float) -> None:
-        """Fold an accumulator in: one digest merge per metric, whatever the batch size."""
-        if acc.itl:
-            gaps = np.asarray(acc.itl, dtype=np.float64)
-            acc.counters.itl_total += int(gaps.size)
-            acc.counters.itl_good += int(np.count_nonzero(gaps <= itl_threshold_ms))
-        self.counters.add(acc.counters)
+    def absorb(
+        self,
+        cols: Columns,
+        index: np.ndarray,
+        max_centroids: int,
+        thresholds: Thresholds,
+    ) -> None:
+        """Fold the requests ``cols[index]`` in, column-wise (see :mod:`~tailguard.streams.sli`).
+
+        One digest update per metric whatever the number of requests; counters
+        are exact. ``index`` must be increasing (input order).
+        """
+        c = self.counters
+        warm = cols.warmup[index]
+        n_warm = int(np.count_nonzero(warm))
+        if n_warm:
+            c.warmup += n_warm
+            index = index[~warm]
+        n = int(index.size)
+        if n == 0:
+            return
+        c.requests += n
+        status = cols.status[index]
+        ok_mask = status == 0
+        n_ok = int(np.count_nonzero(ok_mask))
+        if n_ok < n:
+            n_err = int(np.count_nonzero((status >= _ERROR_LO) & (status <= _ERROR_HI)))
+            c.errors += n_err
+            c.cancelled += n - n_ok - n_err
+        if n_ok == 0:
+            return
+        ok = index[ok_mask] if n_ok < n else index
+        e2e = cols.e2e[ok]
+        good = np.ones(n_ok, dtype=np.bool_)
+        if thresholds.e2e_ms is not None:
+            within = e2e <= thresholds.e2e_ms
+            c.e2e_total += n_ok
+            c.e2e_good += int(np.count_nonzero(within))
+            good &= within
+        ttft = cols.ttft[ok]
+        has_ttft = ~np.isnan(ttft)
+        ttft_values = ttft[has_ttft]
+        tpot_values = _EMPTY
+        if ttft_values.size:
+            within = ttft <= thresholds.ttft_ms  # NaN compares False
+            c.ttft_total += int(ttft_values.size)
+            c.ttft_good += int(np.count_nonzero(within))
+            good &= within | ~has_ttft
+            tokens = cols.tokens[ok]
+            with_tpot = has_ttft & (tokens > 1)
+            if with_tpot.any():
+                tpot_values = (e2e[with_tpot] - ttft[with_tpot]) / (tokens[with_tpot] - 1)
+                slow = np.flatnonzero(with_tpot)[tpot_values > thresholds.itl_ms]
+                good[slow] = False
+        gaps = _EMPTY
+        if cols.itl.size:
+            chosen = np.zeros(cols.ts.size, dtype=np.bool_)
+            chosen[ok] = True
+            gaps = cols.itl[chosen[cols.itl_owner]]
+            c.itl_total += int(gaps.size)
+            c.itl_good += int(np.count_nonzero(gaps <= thresholds.itl_ms))
+        c.good_requests += int(np.count_nonzero(good))
         for name, values in (
-            ("ttft_ms", acc.ttft),
-            ("tpot_ms", acc.tpot),
-            ("itl_ms", acc.itl),
-            ("e2e_ms", acc.e2e),
+            ("ttft_ms", ttft_values),
+            ("tpot_ms", tpot_values),
+            ("itl_ms", gaps),
+            ("e2e_ms", e2e),
         ):
-            if values:
+            if values.size:
                 sketch = self.digests.get(name)
                 if sketch is None:
                     sketch = self.digests[name] = Sketch(max_centroids)
                 sketch.add(values)
-        if acc.exemplars:
-            self.exemplars = heapq.nlargest(EXEMPLARS, self.exemplars + acc.exemplars)
+        traced = cols.has_trace[ok]
+        if traced.any():
+            slow_e2e = e2e[traced]
+            rows = ok[traced]
+            if slow_e2e.size > EXEMPLARS:
+                # Only the requests that can make the top EXEMPLARS (ties included).
+                kth = np.partition(slow_e2e, slow_e2e.size - EXEMPLARS)[slow_e2e.size - EXEMPLARS]
+                keep = slow_e2e >= kth
+                slow_e2e, rows = slow_e2e[keep], rows[keep]
+            traces = cols.traces
+            found = [(float(e), traces[i]) for e, i in zip(slow_e2e.tolist(), rows.tolist())]
+            self.exemplars = heapq.nlargest(EXEMPLARS, self.exemplars + found)
 
     def merge(self, other: "Bucket", max_centroids: int) -> None:
         """Fold another bucket in (used by windows and by the hourly roll-up)."""
@@ -233,11 +230,12 @@ class Bucket:
     def to_bytes(self) -> bytes:
         ids = None
         if self.ids is not None:
-            ids = np.fromiter(self.ids, dtype=np.uint64, count=len(self.ids)).tobytes()
+            # Sorted: the bytes of a bucket depend on its contents only.
+            ids = np.sort(np.fromiter(self.ids, dtype=np.uint64, count=len(self.ids))).tobytes()
         wire = _Wire(
             start_ms=self.start_ms,
             counters=self.counters.as_list(),
-            digests={k: v.to_bytes() for k, v in self.digests.items()},
+            digests={k: v.to_bytes() for k, v in sorted(self.digests.items())},
             ids=ids,
             exemplars=self.exemplars,
             applied=self.applied,

@@ -37,7 +37,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
-from tailguard.streams.bucket import Accumulator, Bucket, Counters, event_hash
+import numpy as np
+from tailguard.streams.bucket import Bucket, Counters
+from tailguard.streams.columns import Columns
 from tailguard.streams.digest import COARSE_MAX_CENTROIDS, DEFAULT_MAX_CENTROIDS
 from tailguard.streams.errors import ConfigError, CorruptStateError
 from tailguard.streams.sli import LatencyEvent, Thresholds
@@ -57,6 +59,8 @@ COARSE = "h"
 #: Input messages per series whose starting watermark is remembered (only
 #: messages processed since the last consumer commit can be replayed).
 _WM_HISTORY = 256
+#: Stands for "no watermark yet" in int64 arrays.
+_NO_WATERMARK = np.iinfo(np.int64).min
 
 #: The sliding windows of SPEC.md §3.1, in milliseconds.
 WINDOWS: dict[str, int] = {
@@ -177,46 +181,168 @@ class SeriesWindows:
         positions: Sequence[tuple[int, int]] | None = None,
         on_close: Callable[[int], None] | None = None,
     ) -> AddResult:
+        """Fold a batch of event objects in; see :meth:`add_columns`."""
+        return self.add_columns(Columns.from_events(events, positions), on_close)
+
+    def add_columns(
+        self, cols: Columns, on_close: Callable[[int], None] | None = None
+    ) -> AddResult:
         """Fold a batch of requests in, in order; returns counts and closed buckets.
 
-        Each event is judged against the watermark as it stands when the event
-        arrives, so the outcome does not depend on how events were batched.
+        Each request is judged against the watermark as it stands when it
+        arrives, so the outcome does not depend on how the input was batched.
 
-        ``positions`` (parallel to ``events``) are the ``(partition, offset)`` of
-        the input message each event came in. All events of one input message
-        must arrive in the same call. A bucket that already holds an input
-        position skips that position's events (``replayed``): re-delivering
-        input after a crash never counts an event twice.
+        ``cols.part`` / ``cols.offset`` are the input position of the message
+        each request came in (−1: unknown, no replay protection). All requests
+        of one input message must arrive in the same call. A bucket that
+        already holds an input position skips that position's requests
+        (``replayed``): re-delivering input after a crash never counts a
+        request twice.
 
-        Buckets close as the watermark passes them, event by event: whenever
-        it crosses the oldest open bucket's close, what was gathered so far is
-        folded in and ``on_close(end)`` runs for each bucket closing there
-        (see :meth:`_advance`). Closing, roll-up and pruning therefore happen
-        at the same points of event time however the input is batched.
+        Buckets close as the watermark passes them; ``on_close(end)`` runs for
+        each, oldest first, before roll-up and pruning (see :meth:`_advance`).
+
+        Fresh input (the common case) takes a vectorised path; a replay after
+        a crash, or restored buckets waiting to be refilled, take the
+        request-by-request path. Both give the same result.
         """
+        if len(cols) == 0:
+            return AddResult()
+        if self._is_fresh(cols):
+            return self._add_fresh(cols, on_close)
+        return self._add_replay(cols, on_close)
+
+    def _is_fresh(self, cols: Columns) -> bool:
+        """No request of ``cols`` can be a replay, and no bucket awaits a refill."""
+        if any(b.refill for b in self.fine.values()):
+            return False
+        if cols.part[0] < 0:
+            return True
+        parts = np.unique(cols.part).tolist()
+        for p in parts:
+            seen = self._counted.get(p, -1)
+            for bucket in self.fine.values():
+                seen = max(seen, bucket.applied.get(p, -1))
+            if int(cols.offset[cols.part == p].min()) <= seen:
+                return False
+        return True
+
+    def _add_fresh(self, cols: Columns, on_close: Callable[[int], None] | None) -> AddResult:
+        cfg = self.config
+        width = cfg.bucket_ms
+        result = AddResult()
+        ts = cols.ts
+        n = ts.size
+        wm0 = self.watermark_ms
+        floor = _NO_WATERMARK if wm0 is None else wm0
+        # The watermark each request meets: the newest event time before it.
+        judge = np.empty(n, dtype=np.int64)
+        judge[0] = floor
+        if n > 1:
+            np.maximum.accumulate(ts[:-1], out=judge[1:])
+            np.maximum(judge[1:], floor, out=judge[1:])
+        starts = ts - ts % width
+        late = starts + (width + cfg.allowed_lateness_ms) <= judge
+        with_positions = bool(cols.part[0] >= 0)
+        if with_positions:
+            self._remember_positions(cols, judge)
+        candidates = np.flatnonzero(~late)
+        result.late = n - int(candidates.size)
+        cand_starts = starts[candidates]
+        uniq, first = np.unique(cand_starts, return_index=True)
+        accepted_max = None
+        for start in uniq[np.argsort(first)].tolist():
+            members = candidates[cand_starts == start]
+            bucket = self.fine.get(start)
+            if bucket is None:
+                bucket = self.fine[start] = Bucket.empty(start)
+            keep = members
+            ids = bucket.ids
+            if ids is not None:
+                hashes = cols.ids[members].tolist()
+                fresh = set(hashes)
+                if len(fresh) == len(hashes) and ids.isdisjoint(fresh):
+                    ids |= fresh
+                else:
+                    # Duplicates (of earlier requests, or within this batch): keep firsts.
+                    mask = np.ones(members.size, dtype=np.bool_)
+                    for j, h in enumerate(hashes):
+                        if h in ids:
+                            mask[j] = False
+                        else:
+                            ids.add(h)
+                    keep = members[mask]
+                    result.duplicates += int(members.size - keep.size)
+            else:
+                self._closed_cache.clear()  # a closed bucket changes: merged parts are stale
+            if with_positions:
+                parts = cols.part[members]
+                offsets = cols.offset[members]
+                for p in np.unique(parts).tolist():
+                    o = int(offsets[parts == p].max())
+                    if o > bucket.applied.get(p, -1):
+                        bucket.applied[p] = o
+            if keep.size:
+                bucket.absorb(cols, keep, cfg.max_centroids, self.thresholds)
+                result.accepted += int(keep.size)
+                top = int(ts[keep].max())
+                accepted_max = top if accepted_max is None else max(accepted_max, top)
+            self._touch(FINE, start)
+        self.late += result.late
+        self.duplicates += result.duplicates
+        if accepted_max is not None and (wm0 is None or accepted_max > wm0):
+            self.watermark_ms = accepted_max
+            result.closed_ends.extend(self._advance(accepted_max, on_close))
+        return result
+
+    def _remember_positions(self, cols: Columns, judge: np.ndarray) -> None:
+        """Record the watermark each input message met, and the newest offsets counted."""
+        part, offset = cols.part, cols.offset
+        runs = np.flatnonzero((part[1:] != part[:-1]) | (offset[1:] != offset[:-1])) + 1
+        heads = [0, *runs.tolist()]
+        history = self._wm_before
+        for p, o, w in zip(
+            part[heads].tolist(),
+            offset[heads].tolist(),
+            judge[heads].tolist(),
+            strict=True,
+        ):
+            history[(p, o)] = None if w == _NO_WATERMARK else w
+        while len(history) > _WM_HISTORY:
+            del history[next(iter(history))]
+        counted = self._counted
+        for p in np.unique(part).tolist():
+            o = int(offset[part == p].max())
+            if o > counted.get(p, -1):
+                counted[p] = o
+
+    def _add_replay(self, cols: Columns, on_close: Callable[[int], None] | None) -> AddResult:
+        """Request by request: replays judged against the watermark they first met."""
         cfg = self.config
         width = cfg.bucket_ms
         lateness = cfg.allowed_lateness_ms
-        thresholds = self.thresholds
         result = AddResult()
-        accs: dict[int, Accumulator] = {}
+        accs: dict[int, list[int]] = {}
         wm = self.watermark_ms  # what the watermark becomes
-        judge = wm  # what the current event's lateness is judged against
+        judge = wm  # what the current request's lateness is judged against
         seen: dict[int, dict[int, int]] = {}
         counted = self._counted
         history = self._wm_before
         newest: dict[int, int] = {}
         current: tuple[int, int] | None = None
+        with_positions = bool(cols.part[0] >= 0)
         tally = True  # count late/duplicate, unless this position was counted before
         part = offset = -1
         next_close = self._next_close()
-        for i, ev in enumerate(events):
-            ts = ev.ts_ms
+        parts = cols.part.tolist()
+        offsets = cols.offset.tolist()
+        hashes = cols.ids.tolist()
+        for i, ts in enumerate(cols.ts.tolist()):
             start = ts - ts % width
             bucket = self.fine.get(start)
-            if positions is not None:
-                if positions[i] != current:
-                    current = positions[i]
+            if with_positions:
+                if (parts[i], offsets[i]) != current:
+                    current = (parts[i], offsets[i])
                     part, offset = current
                     if offset > newest.get(part, -1):
                         newest[part] = offset
@@ -226,9 +352,9 @@ class SeriesWindows:
                         judge = wm
                     else:
                         # A replay: judge it against the watermark it first met, not
-                        # one its own later events (or later messages) advanced. Older
+                        # one its own later requests (or later messages) advanced. Older
                         # than the remembered history: no lateness check at all —
-                        # dropping a replayed event silently would lose it for good,
+                        # dropping a replayed request silently would lose it for good,
                         # while re-admitting one that was late the first time is rare.
                         judge = history.get(current)
                 if bucket is not None and offset <= bucket.applied.get(part, -1):
@@ -249,36 +375,24 @@ class SeriesWindows:
                 closes = start + width + lateness
                 if next_close is None or closes < next_close:
                     next_close = closes
-            if positions is not None:
+            if with_positions:
                 marks = seen.setdefault(start, {})
                 if offset > marks.get(part, -1):
                     marks[part] = offset
-            h = event_hash(ev.event_id)
             ids = bucket.ids
             if ids is not None:
+                h = hashes[i]
                 if h in ids:
                     if tally:
                         result.duplicates += 1
                     continue
                 ids.add(h)
-            acc = accs.get(start)
-            if acc is None:
-                acc = accs[start] = Accumulator()
-            acc.add(
-                status=ev.status,
-                e2e_ms=ev.e2e_ms,
-                ttft_ms=ev.ttft_ms,
-                output_tokens=ev.output_tokens,
-                itl_ms=ev.itl_ms,
-                trace_id=ev.trace_id,
-                warmup=bool(ev.warmup),
-                thresholds=thresholds,
-            )
+            accs.setdefault(start, []).append(i)
             result.accepted += 1
             if wm is None or ts > wm:
                 wm = ts
                 if next_close is not None and wm >= next_close:
-                    self._fold(accs, None)
+                    self._fold(cols, accs, None)
                     self.watermark_ms = wm
                     result.closed_ends.extend(self._advance(wm, on_close))
                     self._clear_refill()
@@ -290,7 +404,7 @@ class SeriesWindows:
                 counted[p] = o
         while len(history) > _WM_HISTORY:
             del history[next(iter(history))]
-        self._fold(accs, seen)
+        self._fold(cols, accs, seen)
         self.late += result.late
         self.duplicates += result.duplicates
         if wm is not None and wm != self.watermark_ms:
@@ -303,7 +417,12 @@ class SeriesWindows:
             result.closed_ends.extend(self._advance(wm, on_close))
         return result
 
-    def _fold(self, accs: dict[int, Accumulator], seen: dict[int, dict[int, int]] | None) -> None:
+    def _fold(
+        self,
+        cols: Columns,
+        accs: dict[int, list[int]],
+        seen: dict[int, dict[int, int]] | None,
+    ) -> None:
         """Fold gathered requests (and, at the end of a call, input positions) into buckets.
 
         Positions are marked only once the whole call is in: marking a bucket
@@ -315,12 +434,14 @@ class SeriesWindows:
             if bucket is not None:  # pruned meanwhile: nothing left to protect
                 bucket.applied.update(marks)
                 self._touch(FINE, start)
-        for start, acc in accs.items():
+        for start, index in accs.items():
             bucket = self.fine[start]
             if bucket.ids is None:
                 # A replay refilling a closed bucket: merged closed parts are stale.
                 self._closed_cache.clear()
-            bucket.absorb(acc, cfg.max_centroids, self.thresholds.itl_ms)
+            bucket.absorb(
+                cols, np.asarray(index, dtype=np.int64), cfg.max_centroids, self.thresholds
+            )
             self._touch(FINE, start)
         accs.clear()
         if seen is not None:
@@ -348,9 +469,10 @@ class SeriesWindows:
     def _advance(self, wm: int, on_close: Callable[[int], None] | None = None) -> list[int]:
         """Close, roll up and prune everything the watermark has passed.
 
-        ``on_close(end)`` runs for every closed bucket, oldest first, *before*
-        anything is rolled up or pruned, so what it reads of windows ending at
-        ``end`` does not depend on how far the watermark has run ahead.
+        ``on_close(end)`` runs for every closed bucket, oldest first; an hour is
+        rolled up right after its last minute's ``on_close`` and pruning comes
+        last, so what ``on_close`` reads of windows ending at ``end`` is the same
+        whether the watermark crept or jumped there.
         """
         cfg = self.config
         closed: list[int] = []
@@ -360,28 +482,27 @@ class SeriesWindows:
                 self._touch(FINE, start)
                 closed.append(start + cfg.bucket_ms)
         closed.sort()
-        if on_close is not None:
-            for end in closed:
-                on_close(end)
-        # Roll up every hour whose minute buckets are all closed:
-        # its last minute [h + rollup − bucket, h + rollup) closes at h + rollup + lateness.
-        done = self._rolled_through_ms
-        complete = sorted(
+        # Hours whose minute buckets are all closed: the last minute
+        # [h + rollup − bucket, h + rollup) closes at h + rollup + lateness.
+        pending = sorted(
             {
                 s - s % cfg.rollup_ms
                 for s in self.fine
                 if s - s % cfg.rollup_ms + cfg.rollup_ms + cfg.allowed_lateness_ms <= wm
             }
         )
-        for hour in complete:
-            if (done is not None and hour < done) or hour in self.coarse:
-                continue
-            members = [b for s, b in self.fine.items() if hour <= s < hour + cfg.rollup_ms]
-            coarse = Bucket.combine(members, cfg.coarse_max_centroids)
-            coarse.start_ms = hour
-            self.coarse[hour] = coarse
-            self._touch(COARSE, hour)
-            self._rolled_through_ms = hour + cfg.rollup_ms
+        # Interleave roll-ups with the closes in event-time order, as if the
+        # watermark had crept there: an hour whose roll-up point comes before
+        # a close is rolled up before that close is read.
+        for end in closed:
+            while pending and pending[0] + cfg.rollup_ms < end:
+                self._roll_up(pending.pop(0))
+            if on_close is not None:
+                on_close(end)
+            while pending and pending[0] + cfg.rollup_ms <= end:
+                self._roll_up(pending.pop(0))
+        for hour in pending:
+            self._roll_up(hour)
         for start in [s for s in self.fine if s < wm - cfg.fine_retention_ms]:
             del self.fine[start]
             self._drop(FINE, start)
@@ -389,6 +510,21 @@ class SeriesWindows:
             del self.coarse[start]
             self._drop(COARSE, start)
         return closed
+
+    def _roll_up(self, hour: int) -> None:
+        """Merge the minute buckets of ``hour`` into its coarse bucket (once)."""
+        cfg = self.config
+        done = self._rolled_through_ms
+        if (done is not None and hour < done) or hour in self.coarse:
+            return
+        members = [b for s, b in self.fine.items() if hour <= s < hour + cfg.rollup_ms]
+        if not members:
+            return
+        coarse = Bucket.combine(members, cfg.coarse_max_centroids)
+        coarse.start_ms = hour
+        self.coarse[hour] = coarse
+        self._touch(COARSE, hour)
+        self._rolled_through_ms = hour + cfg.rollup_ms
 
     # ----------------------------------------------------------------- queries
     def default_end(self) -> int | None:

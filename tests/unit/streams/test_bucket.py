@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tailguard.streams import PERCENTILES, CorruptStateError, Thresholds
-from tailguard.streams.bucket import EXEMPLARS, METRICS, Accumulator, Bucket, event_hash
-from tailguard.streams.digest import DEFAULT_MAX_CENTROIDS
+from tailguard.streams.bucket import EXEMPLARS, METRICS, Bucket, event_hash
+from tailguard.streams.columns import Columns, event_hashes
+from tailguard.streams.digest import DEFAULT_MAX_CENTROIDS, Sketch
 
 MC = DEFAULT_MAX_CENTROIDS
 
@@ -48,30 +49,39 @@ recipes = st.builds(
 )
 
 
+@dataclass
+class _Req:
+    event_id: str
+    ts_ms: int
+    status: str
+    e2e_ms: float
+    ttft_ms: float | None
+    output_tokens: int | None
+    itl_ms: list[float] | None
+    trace_id: str | None
+    warmup: bool | None
+
+
 def build(recipe: Recipe, start_ms: int = 0, thresholds: Thresholds | None = None) -> Bucket:
     """Fold a recipe into a fresh bucket the way ``SeriesWindows.add`` does."""
     thresholds = thresholds or Thresholds()
-    acc = Accumulator()
     bucket = Bucket.empty(start_ms)
-    for i, (status, e2e, ttft, out, itl, trace, warmup) in enumerate(recipe.requests):
-        assert bucket.ids is not None
-        bucket.ids.add(event_hash(f"{recipe.seed}-{i}"))
-        acc.add(
-            status=status,
-            e2e_ms=e2e,
-            ttft_ms=ttft,
-            output_tokens=out,
-            itl_ms=list(itl),
-            trace_id=trace,
-            warmup=warmup,
-            thresholds=thresholds,
-        )
+    reqs = [
+        _Req(f"{recipe.seed}-{i}", start_ms, status, e2e, ttft, out, list(itl), trace, warmup)
+        for i, (status, e2e, ttft, out, itl, trace, warmup) in enumerate(recipe.requests)
+    ]
+    cols = Columns.from_events(reqs)
+    assert bucket.ids is not None
+    bucket.ids.update(cols.ids.tolist())
+    bucket.absorb(cols, np.arange(len(reqs)), MC, thresholds)
     if recipe.bulk:
         # Digest-only samples: enough values that the digests must compress.
         rng = np.random.default_rng(recipe.seed)
-        acc.ttft.extend(rng.lognormal(np.log(300.0), 0.6, recipe.bulk).tolist())
-        acc.itl.extend(rng.lognormal(np.log(40.0), 0.5, recipe.bulk).tolist())
-    bucket.absorb(acc, MC, thresholds.itl_ms)
+        for name, values in (
+            ("ttft_ms", rng.lognormal(np.log(300.0), 0.6, recipe.bulk)),
+            ("itl_ms", rng.lognormal(np.log(40.0), 0.5, recipe.bulk)),
+        ):
+            bucket.digests.setdefault(name, Sketch(MC)).add(values)
     bucket.applied.update(dict(recipe.applied))
     if recipe.closed:
         bucket.close()
@@ -133,8 +143,7 @@ def test_merging_into_a_window_leaves_the_source_buckets_untouched() -> None:
     b = build(Recipe(requests=(), bulk=1_000, seed=2, closed=True, applied=()))
     before_a, before_b = a.to_bytes(), b.to_bytes()
     window = merge(a, b)
-    acc = Accumulator(ttft=values)
-    window.absorb(acc, MC, 120.0)
+    window.digests["ttft_ms"].add(values)
     assert a.to_bytes() == before_a
     assert b.to_bytes() == before_b
     assert window.digests["ttft_ms"].n_values == 3_000
@@ -180,8 +189,18 @@ def test_event_hash_is_pinned_so_stored_ids_stay_valid_across_processes() -> Non
     # Stored buckets hold these hashes: Python's own ``hash`` of a str changes per
     # process (PYTHONHASHSEED), and a changed function would miss every duplicate
     # after a restart.
-    assert event_hash("req-1") == 830_714_397_525_821_188
+    def fnv1a64(data: bytes) -> int:
+        h = 0xCBF29CE484222325
+        for byte in data:
+            h = ((h ^ byte) * 0x100000001B3) % 2**64
+        return h
+
+    ids = ["req-1", "req-2", "", "é-ü", "x" * 64, "a" * 30 + "b"]
+    assert event_hashes(ids).tolist() == [fnv1a64(i.encode()) for i in ids]
+    assert event_hash("a") == 0xAF63DC4C8601EC8C  # the published FNV-1a 64 test vector
     assert event_hash("req-1") != event_hash("req-2")
+    # Longer ids are hashed through their BLAKE2b digest: still stable and distinct.
+    assert event_hash("y" * 65) == event_hash("y" * 65) != event_hash("y" * 66)
 
 
 # ------------------------------------------------------------------ corrupt bytes

@@ -1,0 +1,246 @@
+"""Column-wise batches of requests: what the window state folds in, one array per field.
+
+The hot path never touches one request at a time in Python when it can help
+it: the ingest agent turns validated events into columns once, the columns
+travel to the SLI agent as raw arrays (:meth:`Columns.to_wire`), and buckets
+fold them in with numpy (:meth:`~tailguard.streams.bucket.Bucket.absorb`).
+
+Missing values are encoded in-band: ``ttft`` is NaN and ``tokens`` is −1 when
+absent, ``traces`` holds ``""`` for a request without a trace id.
+"""
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgspec
+import numpy as np
+from tailguard.streams.sli import LatencyEvent
+
+__all__ = [
+    "ERROR_CODES",
+    "STATUS_CODES",
+    "Columns",
+    "event_hash",
+    "event_hashes",
+]
+
+#: Status → code. ``error``, ``timeout`` and ``rejected`` are errors; anything
+#: else that is not ``ok`` counts as cancelled.
+STATUS_CODES: dict[str, int] = {"ok": 0, "error": 1, "timeout": 2, "rejected": 3, "cancelled": 4}
+ERROR_CODES = (1, 2, 3)
+_OTHER = 4
+
+_MAX_DIRECT = 64
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+
+def event_hashes(event_ids: Sequence[str]) -> np.ndarray:
+    """64-bit FNV-1a of each event id's UTF-8 bytes, vectorised over the batch.
+
+    Stable across processes and releases (stored open buckets keep these
+    hashes for duplicate suppression), so it must never change. An id longer
+    than 64 bytes is hashed through its 16-byte BLAKE2b digest first, so one
+    absurd id cannot widen the whole batch's byte matrix.
+    """
+    n = len(event_ids)
+    if n == 0:
+        return np.empty(0, dtype=np.uint64)
+    encoded = [s.encode() for s in event_ids]
+    encoded = [
+        b if len(b) <= _MAX_DIRECT else hashlib.blake2b(b, digest_size=16).digest() for b in encoded
+    ]
+    raw = np.array(encoded, dtype=np.bytes_)
+    width = raw.dtype.itemsize
+    mat = raw.view(np.uint8).reshape(n, width)
+    lengths = np.char.str_len(raw)
+    h = np.full(n, _FNV_OFFSET, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(width):
+            live = lengths > j
+            col = mat[:, j].astype(np.uint64)
+            h = np.where(live, (h ^ col) * _FNV_PRIME, h)
+    return h
+
+
+def event_hash(event_id: str) -> int:
+    """The hash of one event id (see :func:`event_hashes`)."""
+    return int(event_hashes([event_id])[0])
+
+
+class _Wire(msgspec.Struct, array_like=True):
+    ts: bytes
+    status: bytes
+    e2e: bytes
+    ttft: bytes
+    tokens: bytes
+    warmup: bytes
+    itl: bytes
+    itl_len: bytes
+    ids: bytes
+    traces: list[str]
+    part: bytes
+    offset: bytes
+
+
+@dataclass(slots=True)
+class Columns:
+    """``n`` requests of one series, in input order.
+
+    ``part``/``offset`` are the input position (partition, offset) of the
+    message each request came in (−1 when unknown: no replay protection).
+    """
+
+    ts: np.ndarray  # int64
+    status: np.ndarray  # uint8, STATUS_CODES
+    e2e: np.ndarray  # float64
+    ttft: np.ndarray  # float64, NaN = absent
+    tokens: np.ndarray  # int64, -1 = absent
+    warmup: np.ndarray  # bool
+    itl: np.ndarray  # float64, every gap of every request, concatenated
+    itl_len: np.ndarray  # int64, gaps per request
+    ids: np.ndarray  # uint64, event_hashes
+    traces: list[str]
+    part: np.ndarray  # int64
+    offset: np.ndarray  # int64
+    _itl_owner: np.ndarray | None = None
+    _has_trace: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self.ts.size)
+
+    @property
+    def itl_owner(self) -> np.ndarray:
+        """Index of the request each gap of :attr:`itl` belongs to."""
+        if self._itl_owner is None:
+            self._itl_owner = np.repeat(np.arange(self.ts.size), self.itl_len)
+        return self._itl_owner
+
+    @property
+    def has_trace(self) -> np.ndarray:
+        if self._has_trace is None:
+            self._has_trace = np.fromiter(
+                (bool(t) for t in self.traces), dtype=np.bool_, count=len(self.traces)
+            )
+        return self._has_trace
+
+    @classmethod
+    def from_events(
+        cls,
+        events: Sequence[LatencyEvent],
+        positions: Sequence[tuple[int, int]] | None = None,
+    ) -> "Columns":
+        """Columns of event objects (``InferenceEvent`` or anything alike)."""
+        n = len(events)
+        itl_lists = [ev.itl_ms or () for ev in events]
+        flat = [g for gaps in itl_lists for g in gaps]
+        if positions is None:
+            part = np.full(n, -1, dtype=np.int64)
+            offset = np.full(n, -1, dtype=np.int64)
+        else:
+            part = np.fromiter((p for p, _ in positions), dtype=np.int64, count=n)
+            offset = np.fromiter((o for _, o in positions), dtype=np.int64, count=n)
+        codes = STATUS_CODES
+        return cls(
+            ts=np.fromiter((ev.ts_ms for ev in events), dtype=np.int64, count=n),
+            status=np.fromiter(
+                (codes.get(ev.status, _OTHER) for ev in events), dtype=np.uint8, count=n
+            ),
+            e2e=np.fromiter((ev.e2e_ms for ev in events), dtype=np.float64, count=n),
+            ttft=np.fromiter(
+                (np.nan if ev.ttft_ms is None else ev.ttft_ms for ev in events),
+                dtype=np.float64,
+                count=n,
+            ),
+            tokens=np.fromiter(
+                (-1 if ev.output_tokens is None else ev.output_tokens for ev in events),
+                dtype=np.int64,
+                count=n,
+            ),
+            warmup=np.fromiter((bool(ev.warmup) for ev in events), dtype=np.bool_, count=n),
+            itl=np.asarray(flat, dtype=np.float64),
+            itl_len=np.fromiter((len(g) for g in itl_lists), dtype=np.int64, count=n),
+            ids=event_hashes([ev.event_id for ev in events]),
+            traces=[ev.trace_id or "" for ev in events],
+            part=part,
+            offset=offset,
+        )
+
+    def take(self, index: np.ndarray) -> "Columns":
+        """The requests at ``index`` (in that order)."""
+        index = np.asarray(index, dtype=np.int64)
+        gap_mask = np.zeros(self.ts.size, dtype=np.bool_)
+        gap_mask[index] = True
+        if not np.all(np.diff(index) > 0):
+            # Out of order or repeated: gather gap runs one request at a time.
+            ends = np.cumsum(self.itl_len)
+            starts = ends - self.itl_len
+            itl = (
+                np.concatenate([self.itl[starts[i] : ends[i]] for i in index])
+                if index.size
+                else np.empty(0, dtype=np.float64)
+            )
+        else:
+            itl = self.itl[gap_mask[self.itl_owner]]
+        traces = self.traces
+        return Columns(
+            ts=self.ts[index],
+            status=self.status[index],
+            e2e=self.e2e[index],
+            ttft=self.ttft[index],
+            tokens=self.tokens[index],
+            warmup=self.warmup[index],
+            itl=itl,
+            itl_len=self.itl_len[index],
+            ids=self.ids[index],
+            traces=[traces[i] for i in index.tolist()],
+            part=self.part[index],
+            offset=self.offset[index],
+        )
+
+    # ------------------------------------------------------------------ wire
+    def to_wire(self) -> "_Wire":
+        return _Wire(
+            ts=self.ts.astype(np.int64, copy=False).tobytes(),
+            status=self.status.astype(np.uint8, copy=False).tobytes(),
+            e2e=self.e2e.astype(np.float64, copy=False).tobytes(),
+            ttft=self.ttft.astype(np.float64, copy=False).tobytes(),
+            tokens=self.tokens.astype(np.int32, copy=False).tobytes(),
+            warmup=self.warmup.astype(np.bool_, copy=False).tobytes(),
+            itl=self.itl.astype(np.float64, copy=False).tobytes(),
+            itl_len=self.itl_len.astype(np.int32, copy=False).tobytes(),
+            ids=self.ids.astype(np.uint64, copy=False).tobytes(),
+            traces=self.traces,
+            part=self.part.astype(np.int32, copy=False).tobytes(),
+            offset=self.offset.astype(np.int64, copy=False).tobytes(),
+        )
+
+    @classmethod
+    def from_wire(cls, w: "_Wire") -> "Columns":
+        """Inverse of :meth:`to_wire`; raises ``ValueError`` when the arrays disagree."""
+        c = cls(
+            ts=np.frombuffer(w.ts, dtype=np.int64),
+            status=np.frombuffer(w.status, dtype=np.uint8),
+            e2e=np.frombuffer(w.e2e, dtype=np.float64),
+            ttft=np.frombuffer(w.ttft, dtype=np.float64),
+            tokens=np.frombuffer(w.tokens, dtype=np.int32).astype(np.int64),
+            warmup=np.frombuffer(w.warmup, dtype=np.bool_),
+            itl=np.frombuffer(w.itl, dtype=np.float64),
+            itl_len=np.frombuffer(w.itl_len, dtype=np.int32).astype(np.int64),
+            ids=np.frombuffer(w.ids, dtype=np.uint64),
+            traces=w.traces,
+            part=np.frombuffer(w.part, dtype=np.int32).astype(np.int64),
+            offset=np.frombuffer(w.offset, dtype=np.int64),
+        )
+        n = c.ts.size
+        sizes = [
+            a.size for a in (c.status, c.e2e, c.ttft, c.tokens, c.warmup, c.itl_len, c.ids, c.part)
+        ]
+        if any(s != n for s in sizes) or len(c.traces) != n or c.offset.size != n:
+            msg = "column lengths disagree"
+            raise ValueError(msg)
+        if int(c.itl_len.sum()) != c.itl.size:
+            msg = "itl gap counts disagree with the gaps"
+            raise ValueError(msg)
+        return c

@@ -189,7 +189,9 @@ class Bucket:
                 keep = slow_e2e >= kth
                 slow_e2e, rows = slow_e2e[keep], rows[keep]
             traces = cols.traces
-            found = [(float(e), traces[i]) for e, i in zip(slow_e2e.tolist(), rows.tolist())]
+            found = [
+                (float(e), traces[i]) for e, i in zip(slow_e2e.tolist(), rows.tolist(), strict=True)
+            ]
             self.exemplars = heapq.nlargest(EXEMPLARS, self.exemplars + found)
 
     def merge(self, other: "Bucket", max_centroids: int) -> None:

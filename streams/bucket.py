@@ -62,6 +62,21 @@ class Counters:
         self.e2e_good += other.e2e_good
         self.good_requests += other.good_requests
 
+    def add_list(self, values: list[int]) -> None:
+        """Add counts given in field order (see :meth:`as_list`)."""
+        (r, e, c, w, tt, tg, it, ig, et, eg, gr) = values
+        self.requests += r
+        self.errors += e
+        self.cancelled += c
+        self.warmup += w
+        self.ttft_total += tt
+        self.ttft_good += tg
+        self.itl_total += it
+        self.itl_good += ig
+        self.e2e_total += et
+        self.e2e_good += eg
+        self.good_requests += gr
+
     def as_list(self) -> list[int]:
         return [getattr(self, name) for name in self.__slots__]  # type: ignore[attr-defined]
 
@@ -192,7 +207,17 @@ class Bucket:
             found = [
                 (float(e), traces[i]) for e, i in zip(slow_e2e.tolist(), rows.tolist(), strict=True)
             ]
-            self.exemplars = heapq.nlargest(EXEMPLARS, self.exemplars + found)
+            self.merge_exemplars(found)
+
+    def merge_exemplars(self, found: list[tuple[float, str]]) -> None:
+        """Keep the EXEMPLARS slowest of the current and ``found`` ``(e2e, trace)`` pairs."""
+        kept = self.exemplars
+        if len(kept) >= EXEMPLARS and max(found) <= kept[-1]:
+            return  # nothing slower than what is kept (kept is sorted, slowest first)
+        merged = kept + found
+        merged.sort(reverse=True)
+        del merged[EXEMPLARS:]
+        self.exemplars = merged
 
     def merge(self, other: "Bucket", max_centroids: int) -> None:
         """Fold another bucket in (used by windows and by the hourly roll-up)."""

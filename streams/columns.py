@@ -120,9 +120,8 @@ class Columns:
     @property
     def has_trace(self) -> np.ndarray:
         if self._has_trace is None:
-            self._has_trace = np.fromiter(
-                (bool(t) for t in self.traces), dtype=np.bool_, count=len(self.traces)
-            )
+            lengths = np.fromiter(map(len, self.traces), dtype=np.int64, count=len(self.traces))
+            self._has_trace = lengths > 0
         return self._has_trace
 
     @classmethod

@@ -125,6 +125,11 @@ def _exact_quantiles(values: np.ndarray, qs: Sequence[float]) -> list[float]:
 
 
 _TAG_DIGEST = b"D"
+_TAG_TAILED = b"T"
+#: Values merged into a digest at a time (see :class:`Sketch`).
+CHUNK = 1024
+_EMPTY = np.empty(0, dtype=np.float64)
+_EMPTY.flags.writeable = False
 
 
 class Sketch:
@@ -134,34 +139,58 @@ class Sketch:
     ``to_bytes``…) lets windows treat both forms alike. Exact quantiles use
     numpy's default (linear) interpolation, the same definition the accuracy
     tests compare against.
+
+    In digest form, values are merged in fixed chunks of :data:`CHUNK` (a
+    t-digest merge costs the same for 10 values as for 1,000): the digest
+    holds every whole chunk, ``_tail`` the values since. Chunk boundaries
+    depend only on how many values came before, so the digest is the same
+    however the values were batched; reads fold the tail into a copy.
     """
 
-    __slots__ = ("_digest", "_values", "max_centroids")
+    __slots__ = ("_digest", "_tail", "_values", "_view", "max_centroids")
 
     def __init__(self, max_centroids: int = DEFAULT_MAX_CENTROIDS) -> None:
         self.max_centroids = max_centroids
         self._values: np.ndarray | None = np.empty(0, dtype=np.float64)
         self._digest: TDigest | None = None
+        self._tail: np.ndarray = _EMPTY
+        self._view: TDigest | None = None
 
     # -- building ---------------------------------------------------------
     def add(self, values: Sequence[float] | np.ndarray) -> None:
         arr = np.asarray(values, dtype=np.float64)
-        if self._values is not None and self._values.size + arr.size <= EXACT_LIMIT:
-            self._values = np.concatenate((self._values, arr)) if self._values.size else arr.copy()
+        if not arr.size:
             return
-        self._promote()
-        assert self._digest is not None
-        self._digest = add_values(self._digest, arr, self.max_centroids)
+        if self._values is not None:
+            if self._values.size + arr.size <= EXACT_LIMIT:
+                self._values = (
+                    np.concatenate((self._values, arr)) if self._values.size else arr.copy()
+                )
+                return
+            self._promote()
+        self._push(arr)
 
     def _promote(self) -> None:
-        if self._digest is None:
-            values = self._values if self._values is not None else np.empty(0)
-            self._digest = (
-                TDigest.from_values(values, max_centroids=self.max_centroids)
-                if values.size
-                else TDigest(max_centroids=self.max_centroids)
-            )
+        """Switch to digest form; the exact values become the start of the tail."""
+        if self._values is not None:
+            values = self._values
             self._values = None
+            self._digest = TDigest(max_centroids=self.max_centroids)
+            self._tail = _EMPTY
+            self._push(values)
+
+    def _push(self, arr: np.ndarray) -> None:
+        assert self._digest is not None
+        self._view = None
+        tail = np.concatenate((self._tail, arr)) if self._tail.size else arr
+        whole = tail.size - tail.size % CHUNK
+        for lo in range(0, whole, CHUNK):
+            chunk = TDigest.from_values(tail[lo : lo + CHUNK], max_centroids=self.max_centroids)
+            if self._digest.is_empty():
+                self._digest = chunk
+            else:
+                self._digest.merge_inplace(chunk)
+        self._tail = tail[whole:].copy() if whole else tail.copy()
 
     def merge_inplace(self, other: "Sketch") -> None:
         if other._values is not None:
@@ -171,13 +200,36 @@ class Sketch:
         assert other._digest is not None
         self._promote()
         assert self._digest is not None
-        self._digest.merge_inplace(other._digest)
+        self._view = None
+        if not other._digest.is_empty():
+            if self._digest.is_empty():
+                self._digest = other._digest.copy()
+            else:
+                self._digest.merge_inplace(other._digest)
+        if other._tail.size:
+            self._push(other._tail)
 
     def copy(self) -> "Sketch":
         out = Sketch(self.max_centroids)
         out._values = None if self._values is None else self._values.copy()
         out._digest = None if self._digest is None else self._digest.copy()
+        out._tail = self._tail.copy()
         return out
+
+    def _digest_view(self) -> TDigest:
+        """The digest with the tail folded in (cached until the next change)."""
+        assert self._digest is not None
+        if not self._tail.size:
+            return self._digest
+        if self._view is None:
+            tail = TDigest.from_values(self._tail, max_centroids=self.max_centroids)
+            if self._digest.is_empty():
+                self._view = tail
+            else:
+                view = self._digest.copy()
+                view.merge_inplace(tail)
+                self._view = view
+        return self._view
 
     # -- reading ----------------------------------------------------------
     @property
@@ -189,7 +241,7 @@ class Sketch:
         if self._values is not None:
             return int(self._values.size)
         assert self._digest is not None
-        return int(self._digest.n_values)
+        return int(self._digest.n_values) + int(self._tail.size)
 
     def is_empty(self) -> bool:
         return self.n_values == 0
@@ -200,14 +252,17 @@ class Sketch:
     def quantiles(self, qs: Sequence[float]) -> list[float]:
         if self._values is not None:
             return _exact_quantiles(self._values, qs)
-        assert self._digest is not None
-        return [float(self._digest.quantile(q)) for q in qs]
+        digest = self._digest_view()
+        return [float(digest.quantile(q)) for q in qs]
 
     @classmethod
     def combine(cls, sketches: Sequence["Sketch"], max_centroids: int) -> "Sketch":
         """One sketch of many: exact values concatenated once, digests merged once each."""
         exact = [s._values for s in sketches if s._values is not None and s._values.size]
-        digests = [s._digest for s in sketches if s._digest is not None]
+        exact += [s._tail for s in sketches if s._values is None and s._tail.size]
+        digests = [
+            s._digest for s in sketches if s._digest is not None and not s._digest.is_empty()
+        ]
         out = cls(max_centroids)
         values = np.concatenate(exact) if exact else np.empty(0, dtype=np.float64)
         if not digests and values.size <= EXACT_LIMIT:
@@ -219,16 +274,23 @@ class Sketch:
             else TDigest(max_centroids=max_centroids)
         )
         for d in digests:
-            digest.merge_inplace(d)
+            if digest.is_empty():
+                digest = d.copy()
+            else:
+                digest.merge_inplace(d)
         out._values = None
         out._digest = digest
         return out
 
     def min(self) -> float:
-        return float(self._values.min()) if self._values is not None else float(self._digest.min())  # type: ignore[union-attr]
+        if self._values is not None:
+            return float(self._values.min())
+        return float(self._digest_view().min())
 
     def max(self) -> float:
-        return float(self._values.max()) if self._values is not None else float(self._digest.max())  # type: ignore[union-attr]
+        if self._values is not None:
+            return float(self._values.max())
+        return float(self._digest_view().max())
 
     def as_digest(self) -> TDigest:
         """A t-digest view (exact values become unit centroids)."""
@@ -238,15 +300,17 @@ class Sketch:
             return TDigest.from_values(
                 self._values, max_centroids=max(self.max_centroids, EXACT_LIMIT)
             )
-        assert self._digest is not None
-        return self._digest
+        return self._digest_view()
 
     # -- storage ----------------------------------------------------------
     def to_bytes(self) -> bytes:
         if self._values is not None:
             return _TAG_EXACT + self._values.tobytes()
         assert self._digest is not None
-        return _TAG_DIGEST + digest_to_bytes(self._digest)
+        if not self._tail.size:
+            return _TAG_DIGEST + digest_to_bytes(self._digest)
+        body = digest_to_bytes(self._digest)
+        return _TAG_TAILED + len(body).to_bytes(4, "little") + body + self._tail.tobytes()
 
     @classmethod
     def from_bytes(cls, data: bytes, max_centroids: int = DEFAULT_MAX_CENTROIDS) -> "Sketch":
@@ -260,6 +324,15 @@ class Sketch:
         elif tag == _TAG_DIGEST:
             out._values = None
             out._digest = digest_from_bytes(body)
+        elif tag == _TAG_TAILED:
+            size = int.from_bytes(body[:4], "little")
+            rest = body[4 + size :]
+            if len(body) < 4 + size or len(rest) % 8:
+                msg = "tailed sketch is truncated"
+                raise ValueError(msg)
+            out._values = None
+            out._digest = digest_from_bytes(body[4 : 4 + size])
+            out._tail = np.frombuffer(rest, dtype=np.float64).copy()
         else:
             msg = f"unknown sketch tag {tag!r}"
             raise ValueError(msg)

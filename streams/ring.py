@@ -61,6 +61,9 @@ COARSE = "h"
 _WM_HISTORY = 256
 #: Stands for "no watermark yet" in int64 arrays.
 _NO_WATERMARK = np.iinfo(np.int64).min
+_STALE = object()
+#: Watermark that never triggers housekeeping (nothing is held).
+_NEVER = np.iinfo(np.int64).max
 
 #: The sliding windows of SPEC.md §3.1, in milliseconds.
 WINDOWS: dict[str, int] = {
@@ -173,6 +176,11 @@ class SeriesWindows:
         self._closed_cache: dict[tuple[int, int, int, int, int], Bucket] = {}
         self._dirty: set[tuple[str, int]] = set()
         self._deleted: set[tuple[str, int]] = set()
+        #: Highest input offset per partition any restored bucket had applied
+        #: (a bucket record may reach the store after the meta did not).
+        self._applied_floor: dict[int, int] = {}
+        #: Cached :meth:`_due` (``_STALE``: recompute).
+        self._due_ms: int | object | None = _STALE
 
     # ------------------------------------------------------------------ ingest
     def add(
@@ -214,18 +222,65 @@ class SeriesWindows:
 
     def _is_fresh(self, cols: Columns) -> bool:
         """No request of ``cols`` can be a replay, and no bucket awaits a refill."""
-        if any(b.refill for b in self.fine.values()):
+        if self.awaiting_refill():
             return False
         if cols.part[0] < 0:
             return True
-        parts = np.unique(cols.part).tolist()
-        for p in parts:
-            seen = self._counted.get(p, -1)
-            for bucket in self.fine.values():
-                seen = max(seen, bucket.applied.get(p, -1))
-            if int(cols.offset[cols.part == p].min()) <= seen:
+        for p in np.unique(cols.part).tolist():
+            if int(cols.offset[cols.part == p].min()) <= self.replay_floor(p):
                 return False
         return True
+
+    def replay_floor(self, partition: int) -> int:
+        """Input offsets of ``partition`` at or below this may already be folded in."""
+        return max(self._counted.get(partition, -1), self._applied_floor.get(partition, -1))
+
+    def awaiting_refill(self) -> bool:
+        """Some restored bucket lost its record and waits for its input to be replayed."""
+        return any(b.refill for b in self.fine.values())
+
+    def _new_fine(self, start: int) -> Bucket:
+        """Create the open minute bucket ``start`` (it closes, at the latest, first)."""
+        bucket = self.fine[start] = Bucket.empty(start)
+        closes = start + self.config.bucket_ms + self.config.allowed_lateness_ms
+        due = self._due_ms
+        if due is not _STALE and (due is None or closes < due):  # type: ignore[operator]
+            self._due_ms = closes
+        return bucket
+
+    def _due(self) -> int:
+        """The lowest watermark at which :meth:`_advance` would change anything.
+
+        Closing a bucket, rolling up an hour or pruning: below this watermark
+        an ``_advance`` is a no-op, so the batched paths may skip it.
+        """
+        due = self._due_ms
+        if due is _STALE:
+            cfg = self.config
+            found: list[int] = []
+            opens = [s for s, b in self.fine.items() if b.ids is not None]
+            if opens:
+                found.append(min(opens) + cfg.bucket_ms + cfg.allowed_lateness_ms)
+            done = self._rolled_through_ms
+            hours = {
+                s - s % cfg.rollup_ms
+                for s in self.fine
+                if (done is None or s - s % cfg.rollup_ms >= done)
+                and s - s % cfg.rollup_ms not in self.coarse
+            }
+            if hours:
+                found.append(min(hours) + cfg.rollup_ms + cfg.allowed_lateness_ms)
+            if self.fine:
+                found.append(min(self.fine) + cfg.fine_retention_ms + 1)
+            if self.coarse:
+                found.append(min(self.coarse) + cfg.retention_ms + 1)
+            due = self._due_ms = min(found) if found else None
+        return _NEVER if due is None else due  # type: ignore[return-value]
+
+    def _trim_history(self) -> None:
+        history = self._wm_before
+        while len(history) > _WM_HISTORY:
+            del history[next(iter(history))]
 
     def _add_fresh(self, cols: Columns, on_close: Callable[[int], None] | None) -> AddResult:
         cfg = self.config
@@ -245,7 +300,7 @@ class SeriesWindows:
         late = starts + (width + cfg.allowed_lateness_ms) <= judge
         with_positions = bool(cols.part[0] >= 0)
         if with_positions:
-            self._remember_positions(cols, judge)
+            self._remember_positions(cols, judge, late)
         candidates = np.flatnonzero(~late)
         result.late = n - int(candidates.size)
         cand_starts = starts[candidates]
@@ -255,7 +310,7 @@ class SeriesWindows:
             members = candidates[cand_starts == start]
             bucket = self.fine.get(start)
             if bucket is None:
-                bucket = self.fine[start] = Bucket.empty(start)
+                bucket = self._new_fine(start)
             keep = members
             ids = bucket.ids
             if ids is not None:
@@ -292,24 +347,31 @@ class SeriesWindows:
         self.duplicates += result.duplicates
         if accepted_max is not None and (wm0 is None or accepted_max > wm0):
             self.watermark_ms = accepted_max
-            result.closed_ends.extend(self._advance(accepted_max, on_close))
+            if accepted_max >= self._due():
+                result.closed_ends.extend(self._advance(accepted_max, on_close))
         return result
 
-    def _remember_positions(self, cols: Columns, judge: np.ndarray) -> None:
-        """Record the watermark each input message met, and the newest offsets counted."""
+    def _remember_positions(self, cols: Columns, judge: np.ndarray, late: np.ndarray) -> None:
+        """Note the newest offsets counted, and the watermark met by messages with late requests.
+
+        A replayed message is judged against the watermark it first met
+        (:meth:`_add_replay`); without a note it is judged against its own
+        requests only, which re-admits exactly what was admitted unless some
+        request was late the first time — so only those messages are noted.
+        """
         part, offset = cols.part, cols.offset
-        runs = np.flatnonzero((part[1:] != part[:-1]) | (offset[1:] != offset[:-1])) + 1
-        heads = [0, *runs.tolist()]
-        history = self._wm_before
-        for p, o, w in zip(
-            part[heads].tolist(),
-            offset[heads].tolist(),
-            judge[heads].tolist(),
-            strict=True,
-        ):
-            history[(p, o)] = None if w == _NO_WATERMARK else w
-        while len(history) > _WM_HISTORY:
-            del history[next(iter(history))]
+        if late.any():
+            head = np.ones(part.size, dtype=np.bool_)
+            head[1:] = (part[1:] != part[:-1]) | (offset[1:] != offset[:-1])
+            run = np.cumsum(head) - 1
+            heads = np.flatnonzero(head)[np.unique(run[late])]
+            history = self._wm_before
+            for p, o, w in zip(
+                part[heads].tolist(), offset[heads].tolist(), judge[heads].tolist(), strict=True
+            ):
+                if (p, o) not in history:
+                    history[(p, o)] = None if w == _NO_WATERMARK else w
+            self._trim_history()
         counted = self._counted
         for p in np.unique(part).tolist():
             o = int(offset[part == p].max())
@@ -332,6 +394,7 @@ class SeriesWindows:
         current: tuple[int, int] | None = None
         with_positions = bool(cols.part[0] >= 0)
         tally = True  # count late/duplicate, unless this position was counted before
+        met: int | None = wm  # watermark the current input message met
         part = offset = -1
         next_close = self._next_close()
         parts = cols.part.tolist()
@@ -348,7 +411,9 @@ class SeriesWindows:
                         newest[part] = offset
                     tally = offset > counted.get(part, -1)
                     if tally:
-                        history[current] = wm
+                        # Remembered only if one of its requests turns out late: a
+                        # replay judged without it re-admits exactly what was admitted.
+                        met = wm
                         judge = wm
                     else:
                         # A replay: judge it against the watermark it first met, not
@@ -369,9 +434,11 @@ class SeriesWindows:
             ):
                 if tally:
                     result.late += 1
+                    if with_positions and current not in history:
+                        history[current] = met
                 continue
             if bucket is None:
-                bucket = self.fine[start] = Bucket.empty(start)
+                bucket = self._new_fine(start)
                 closes = start + width + lateness
                 if next_close is None or closes < next_close:
                     next_close = closes
@@ -509,6 +576,7 @@ class SeriesWindows:
         for start in [s for s in self.coarse if s < wm - cfg.retention_ms]:
             del self.coarse[start]
             self._drop(COARSE, start)
+        self._due_ms = _STALE
         return closed
 
     def _roll_up(self, hour: int) -> None:
@@ -656,5 +724,8 @@ class SeriesWindows:
                         # Let the hour be rolled up again from its minute buckets.
                         state._rolled_through_ms = min(state._rolled_through_ms, start)
                     continue
-                store[start] = Bucket.from_bytes(data, key=(tier, start))
+                bucket = store[start] = Bucket.from_bytes(data, key=(tier, start))
+                for p, o in bucket.applied.items():
+                    if o > state._applied_floor.get(p, -1):
+                        state._applied_floor[p] = o
         return state

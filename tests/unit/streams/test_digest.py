@@ -4,6 +4,7 @@
 subscriber of ``tailguard.sli`` uses to load the published digests.
 """
 
+import itertools
 import json
 
 import numpy as np
@@ -144,3 +145,28 @@ def test_sketch_bytes_round_trip(n: int) -> None:
     assert back.n_values == n and back.exact == sketch.exact
     if n:
         assert back.quantiles([0.5, 0.99]) == pytest.approx(sketch.quantiles([0.5, 0.99]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(min_value=0, max_value=5_000),
+    cuts=st.lists(st.integers(min_value=0, max_value=5_000), max_size=12),
+)
+def test_a_sketch_is_the_same_bytes_however_its_values_were_batched(
+    n: int, cuts: list[int]
+) -> None:
+    from tailguard.streams.digest import Sketch
+
+    values = np.random.default_rng(n).lognormal(np.log(50.0), 0.7, n)
+    whole = Sketch(1000)
+    whole.add(values)
+    pieces = Sketch(1000)
+    bounds = [0, *sorted(c for c in cuts if c < n), n]
+    for lo, hi in itertools.pairwise(bounds):
+        pieces.add(values[lo:hi])
+    assert pieces.to_bytes() == whole.to_bytes()
+    assert pieces.n_values == n
+    restored = Sketch.from_bytes(whole.to_bytes(), 1000)
+    assert restored.to_bytes() == whole.to_bytes()
+    if n:
+        assert restored.quantiles([0.5, 0.99]) == whole.quantiles([0.5, 0.99])

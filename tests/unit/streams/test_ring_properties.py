@@ -262,3 +262,60 @@ def test_vectorised_path_equals_the_request_by_request_path_byte_for_byte(
     assert fast.take_changes() == slow.take_changes()
     for w in WINDOW_LENGTHS:
         assert fast.window(w).to_bytes() == slow.window(w).to_bytes()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    plans=st.lists(moves, min_size=1, max_size=4),
+    at=cuts,
+    replay=st.lists(st.integers(min_value=0, max_value=40), max_size=3),
+)
+def test_folding_many_series_at_once_equals_folding_each_alone(
+    make_event: MakeEvent,
+    plans: list[list[New | Resend]],
+    at: list[int],
+    replay: list[int],
+) -> None:
+    """``fold_many`` (one numpy pass over a batch of series) == ``add_columns`` per series.
+
+    Batch ``k`` is input message ``k`` of partition 0 and holds a slice of
+    every series; some batches are delivered twice (a replay after a crash),
+    which sends those series down the request-by-request path.
+    """
+    from tailguard.streams.columns import Columns
+    from tailguard.streams.fold import fold_many
+
+    per_series = [split(stream(plan, make_event), at) for plan in plans]
+    n_batches = max(len(b) for b in per_series)
+    deliveries = list(range(n_batches))
+    for r in replay:
+        if n_batches:
+            k = r % n_batches
+            deliveries.insert(deliveries.index(k) + 1, k)
+    alone = [SeriesWindows(SMALL) for _ in plans]
+    together = [SeriesWindows(SMALL) for _ in plans]
+    closes_alone: list[list[int]] = [[] for _ in plans]
+    closes_together: list[list[int]] = [[] for _ in plans]
+    for k in deliveries:
+        groups = [batches[k] if k < len(batches) else [] for batches in per_series]
+        expected = []
+        for i, events in enumerate(groups):
+            if events:
+                cols = Columns.from_events(events, [(0, k)] * len(events))
+                expected.append(alone[i].add_columns(cols, closes_alone[i].append))
+            else:
+                expected.append(AddResult())
+        flat = [e for events in groups for e in events]
+        if not flat:
+            continue
+        cols = Columns.from_events(flat, [(0, k)] * len(flat))
+        bounds = [0]
+        for events in groups:
+            bounds.append(bounds[-1] + len(events))
+        got = fold_many(together, cols, bounds, [c.append for c in closes_together])
+        assert [totals([r]) for r in got] == [totals([r]) for r in expected]
+    assert closes_together == closes_alone
+    for a, b in zip(alone, together, strict=True):
+        assert a.take_changes() == b.take_changes()
+        for w in WINDOW_LENGTHS:
+            assert a.window(w).to_bytes() == b.window(w).to_bytes()

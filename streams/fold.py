@@ -1,0 +1,356 @@
+"""Fold one batch of many series into their window states in a single numpy pass.
+
+The SLI agent receives, per internal partition, one message holding the
+requests of many series (grouped, each group in input order). Folding each
+series on its own costs a few dozen numpy calls per series, which dominates
+when a series has only a handful of requests per batch (10,000 series at
+100,000 requests/s is ten per series per second). :func:`fold_many` does
+the per-request work once for the whole batch — watermarks, lateness,
+bucket assignment, counters, digest inputs, exemplar candidates — and
+leaves Python loops only per touched bucket.
+
+It gives exactly what :meth:`SeriesWindows.add_columns` gives series by
+series (a property test compares the bytes): a series whose input might be a
+replay, or that has restored buckets waiting to be refilled, is handed to
+``add_columns`` (the request-by-request path) instead.
+"""
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from tailguard.streams.bucket import EXEMPLARS, Bucket
+from tailguard.streams.columns import ERROR_CODES, Columns
+from tailguard.streams.digest import Sketch
+from tailguard.streams.ring import FINE, AddResult, SeriesWindows
+
+__all__ = ["fold_many"]
+
+_NO_WM = np.iinfo(np.int64).min
+_ERR_LO, _ERR_HI = min(ERROR_CODES), max(ERROR_CODES)
+_SHIFT = 2**22  # groups per batch the segmented prefix max can separate
+_PARTS = 2**20  # input partitions a (group, partition) key can tell apart
+
+
+def _reduce_by(
+    keys: np.ndarray, values: np.ndarray, ufunc: np.ufunc
+) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct ``keys`` (sorted) and ``ufunc.reduce`` of their ``values``."""
+    if keys.size == 0:
+        return keys, values
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    cut = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
+    return sk[cut], ufunc.reduceat(values[order], cut)
+
+
+def _group_ids(bounds: np.ndarray) -> np.ndarray:
+    return np.repeat(np.arange(bounds.size - 1), np.diff(bounds))
+
+
+def _segmented_prior_max(ts: np.ndarray, g: np.ndarray, floor: np.ndarray) -> np.ndarray:
+    """Per request: max(floor[group], newest ts of earlier requests of its group)."""
+    n = ts.size
+    out = np.empty(n, dtype=np.int64)
+    if n == 0:
+        return out
+    lo, hi = int(ts.min()), int(ts.max())
+    if hi - lo < 2**40 and int(g[-1]) < _SHIFT:
+        key = g.astype(np.int64) * 2**40 + (ts - lo)
+        run = np.maximum.accumulate(key) - g.astype(np.int64) * 2**40 + lo
+    else:  # absurd spans: per group (never on sane input)
+        run = np.empty(n, dtype=np.int64)
+        for gi in np.unique(g).tolist():
+            sel = np.flatnonzero(g == gi)
+            run[sel] = np.maximum.accumulate(ts[sel])
+    out[1:] = run[:-1]
+    first = np.ones(n, dtype=np.bool_)
+    first[1:] = g[1:] != g[:-1]
+    out[first] = _NO_WM
+    return np.maximum(out, floor[g])
+
+
+def fold_many(
+    states: Sequence[SeriesWindows],
+    cols: Columns,
+    bounds: np.ndarray,
+    on_close: Sequence[Callable[[int], None] | None] | None = None,
+) -> list[AddResult]:
+    """Fold ``cols[bounds[i]:bounds[i+1]]`` into ``states[i]`` for every ``i``.
+
+    Returns one :class:`AddResult` per state. All requests of one input
+    message for one series must be in the same call (as for ``add_columns``).
+    """
+    n_groups = len(states)
+    results = [AddResult() for _ in range(n_groups)]
+    closers = list(on_close) if on_close is not None else [None] * n_groups
+    if n_groups == 0 or len(cols) == 0:
+        return results
+    bounds = np.asarray(bounds, dtype=np.int64)
+    g_all = _group_ids(bounds)
+
+    # -- which groups may take the batched path ---------------------------------
+    with_positions = bool(cols.part[0] >= 0)
+    fresh = np.ones(n_groups, dtype=np.bool_)
+    if with_positions:
+        keys, lowest = _reduce_by(g_all * _PARTS + cols.part, cols.offset, np.minimum)
+        for key, low in zip(keys.tolist(), lowest.tolist(), strict=True):
+            gi, p = divmod(key, _PARTS)
+            if fresh[gi] and low <= states[gi].replay_floor(p):
+                fresh[gi] = False
+    for gi, state in enumerate(states):
+        if fresh[gi] and state.awaiting_refill():
+            fresh[gi] = False
+    for gi in np.flatnonzero(~fresh).tolist():
+        a, b = int(bounds[gi]), int(bounds[gi + 1])
+        if b > a:
+            results[gi] = states[gi].add_columns(cols.take(np.arange(a, b)), closers[gi])
+    rows = np.flatnonzero(fresh[g_all])
+    if rows.size == 0:
+        return results
+
+    # -- lateness: each request against the watermark it meets -------------------
+    ts = cols.ts[rows]
+    g = g_all[rows]
+    floor = np.array(
+        [_NO_WM if s.watermark_ms is None else s.watermark_ms for s in states], dtype=np.int64
+    )
+    judge = _segmented_prior_max(ts, g, floor)
+    cfg = states[0].config
+    if any(s.config != cfg for s in states):
+        msg = "fold_many needs one RingConfig for the whole batch"
+        raise ValueError(msg)
+    width = cfg.bucket_ms
+    starts = ts - ts % width
+    late = starts + (width + cfg.allowed_lateness_ms) <= judge
+    late_per_group = np.bincount(g[late], minlength=n_groups)
+
+    # -- input positions: watermark met per message, newest offsets counted ------
+    if with_positions:
+        part = cols.part[rows]
+        offset = cols.offset[rows]
+        if late.any():
+            # Watermark met by each message with a late request (see
+            # SeriesWindows._remember_positions): rare, so a Python loop.
+            head = np.ones(rows.size, dtype=np.bool_)
+            head[1:] = (g[1:] != g[:-1]) | (part[1:] != part[:-1]) | (offset[1:] != offset[:-1])
+            run = np.cumsum(head) - 1
+            heads = np.flatnonzero(head)[np.unique(run[late])]
+            touched: set[int] = set()
+            for gi, p, o, w in zip(
+                g[heads].tolist(),
+                part[heads].tolist(),
+                offset[heads].tolist(),
+                judge[heads].tolist(),
+                strict=True,
+            ):
+                history = states[gi]._wm_before
+                if (p, o) not in history:
+                    history[(p, o)] = None if w == _NO_WM else w
+                touched.add(gi)
+            for gi in touched:
+                states[gi]._trim_history()
+        keys, tops = _reduce_by(g * _PARTS + part, offset, np.maximum)
+        for key, top in zip(keys.tolist(), tops.tolist(), strict=True):
+            gi, p = divmod(key, _PARTS)
+            counted = states[gi]._counted
+            if top > counted.get(p, -1):
+                counted[p] = top
+
+    # -- buckets: create in order of first appearance, drop duplicates -----------
+    cand = np.flatnonzero(~late)
+    cg = g[cand]
+    cs = starts[cand]
+    bkey = cg.astype(np.int64) * 2**44 + (cs - int(cs.min() if cs.size else 0)) // width
+    ukeys, first, inverse = np.unique(bkey, return_index=True, return_inverse=True)
+    n_b = ukeys.size
+    border = np.argsort(inverse, kind="stable")  # candidates grouped by bucket, input order kept
+    boff = np.r_[0, np.cumsum(np.bincount(inverse, minlength=n_b))]
+    b_group = cg[first]
+    b_start = cs[first]
+    buckets: list[Bucket] = [None] * n_b  # type: ignore[list-item]
+    keep = np.ones(cand.size, dtype=np.bool_)
+    dup_per_group = np.zeros(n_groups, dtype=np.int64)
+    hashes_all = cols.ids[rows[cand]]
+    for b in np.argsort(first, kind="stable").tolist():
+        gi = int(b_group[b])
+        state = states[gi]
+        start = int(b_start[b])
+        bucket = state.fine.get(start)
+        if bucket is None:
+            bucket = state._new_fine(start)
+        buckets[b] = bucket
+        ids = bucket.ids
+        members = border[boff[b] : boff[b + 1]]
+        if ids is None:
+            state._closed_cache.clear()
+            continue
+        hashes = hashes_all[members].tolist()
+        fresh_ids = set(hashes)
+        if len(fresh_ids) == len(hashes) and ids.isdisjoint(fresh_ids):
+            ids |= fresh_ids
+            continue
+        for j, h in zip(members.tolist(), hashes, strict=True):
+            if h in ids:
+                keep[j] = False
+                dup_per_group[gi] += 1
+            else:
+                ids.add(h)
+
+    if with_positions:
+        cpart = cols.part[rows[cand]]
+        coff = cols.offset[rows[cand]]
+        keys, tops = _reduce_by(inverse.astype(np.int64) * _PARTS + cpart, coff, np.maximum)
+        for key, top in zip(keys.tolist(), tops.tolist(), strict=True):
+            b, p = divmod(key, _PARTS)
+            applied = buckets[b].applied
+            if top > applied.get(p, -1):
+                applied[p] = top
+
+    # -- counters and digest inputs, for every bucket at once --------------------
+    acc_sorted = border[keep[border]]  # accepted candidates, by bucket, input order
+    ab = inverse[acc_sorted]  # bucket of each
+    src = rows[cand[acc_sorted]]  # row in cols
+    _absorb_all(states, buckets, cols, src, ab, g[cand[acc_sorted]], n_b, cfg.max_centroids)
+
+    # -- watermarks, tallies, closes ----------------------------------------------
+    acc_groups = g[cand[acc_sorted]]
+    newest = np.full(n_groups, _NO_WM, dtype=np.int64)
+    np.maximum.at(newest, acc_groups, cols.ts[src])
+    accepted_per_group = np.bincount(acc_groups, minlength=n_groups)
+    for b in range(n_b):
+        states[int(b_group[b])]._touch(FINE, int(b_start[b]))
+    for gi in np.flatnonzero(fresh).tolist():
+        state = states[gi]
+        res = results[gi]
+        res.accepted = int(accepted_per_group[gi])
+        res.late = int(late_per_group[gi])
+        res.duplicates = int(dup_per_group[gi])
+        state.late += res.late
+        state.duplicates += res.duplicates
+        top = int(newest[gi])
+        if top != _NO_WM and (state.watermark_ms is None or top > state.watermark_ms):
+            state.watermark_ms = top
+            if top >= state._due():
+                res.closed_ends.extend(state._advance(top, closers[gi]))
+    return results
+
+
+def _absorb_all(
+    states: Sequence[SeriesWindows],
+    buckets: list[Bucket],
+    cols: Columns,
+    src: np.ndarray,
+    ab: np.ndarray,
+    ag: np.ndarray,
+    n_b: int,
+    max_centroids: int,
+) -> None:
+    """Fold the accepted requests ``cols[src]`` (bucket ``ab``, group ``ag``) into ``buckets``.
+
+    Same arithmetic as :meth:`Bucket.absorb`, batched over buckets.
+    """
+    thr_ttft = np.array([s.thresholds.ttft_ms for s in states], dtype=np.float64)[ag]
+    thr_itl = np.array([s.thresholds.itl_ms for s in states], dtype=np.float64)[ag]
+    e2e_set = np.array([s.thresholds.e2e_ms is not None for s in states], dtype=np.bool_)[ag]
+    thr_e2e = np.array(
+        [np.inf if s.thresholds.e2e_ms is None else s.thresholds.e2e_ms for s in states],
+        dtype=np.float64,
+    )[ag]
+
+    def per_bucket(mask: np.ndarray) -> np.ndarray:
+        return np.bincount(ab[mask], minlength=n_b)
+
+    warm = cols.warmup[src]
+    live = ~warm
+    status = cols.status[src]
+    ok = live & (status == 0)
+    err = live & (status >= _ERR_LO) & (status <= _ERR_HI)
+    e2e = cols.e2e[src]
+    ttft = cols.ttft[src]
+    has_ttft = ok & ~np.isnan(ttft)
+    ttft_good = has_ttft & (ttft <= thr_ttft)
+    tokens = cols.tokens[src]
+    with_tpot = has_ttft & (tokens > 1)
+    tpot = np.zeros(src.size, dtype=np.float64)
+    tpot[with_tpot] = (e2e[with_tpot] - ttft[with_tpot]) / (tokens[with_tpot] - 1)
+    e2e_in = ok & e2e_set
+    e2e_good = e2e_in & (e2e <= thr_e2e)
+    good = ok & ~(has_ttft & ~ttft_good) & ~(with_tpot & (tpot > thr_itl)) & ~(e2e_in & ~e2e_good)
+
+    # Gaps of the accepted ok requests, in (bucket, input) order.
+    lens = np.where(ok, cols.itl_len[src], 0)
+    gap_bucket = np.repeat(ab, lens)
+    if gap_bucket.size:
+        ends = np.cumsum(cols.itl_len)
+        begin = (ends - cols.itl_len)[src]
+        within = np.arange(gap_bucket.size) - np.repeat(np.cumsum(lens) - lens, lens)
+        gaps = cols.itl[np.repeat(begin, lens) + within]
+        gap_ok = gaps <= np.repeat(thr_itl, lens)
+        itl_total = np.bincount(gap_bucket, minlength=n_b)
+        itl_good = np.bincount(gap_bucket[gap_ok], minlength=n_b)
+    else:
+        gaps = np.empty(0, dtype=np.float64)
+        itl_total = itl_good = np.zeros(n_b, dtype=np.int64)
+
+    table = np.stack(
+        [
+            per_bucket(live),  # requests
+            per_bucket(err),  # errors
+            per_bucket(live & ~ok & ~err),  # cancelled
+            per_bucket(warm),  # warmup
+            per_bucket(has_ttft),
+            per_bucket(ttft_good),
+            itl_total,
+            itl_good,
+            per_bucket(e2e_in),
+            per_bucket(e2e_good),
+            per_bucket(good),
+        ],
+        axis=1,
+    ).tolist()
+
+    metrics = []
+    for name, mask, values in (
+        ("ttft_ms", has_ttft, ttft),
+        ("tpot_ms", with_tpot, tpot),
+        ("e2e_ms", ok, e2e),
+    ):
+        counts = per_bucket(mask)
+        metrics.append((name, values[mask], np.r_[0, np.cumsum(counts)]))
+    metrics.append(("itl_ms", gaps, np.r_[0, np.cumsum(itl_total)]))
+
+    # Exemplar candidates: per bucket the requests that can make its top EXEMPLARS.
+    traced = ok & cols.has_trace[src]
+    t_idx = np.flatnonzero(traced)
+    ex: dict[int, list[tuple[float, str]]] = {}
+    if t_idx.size:
+        tb = ab[t_idx]
+        te = e2e[t_idx]
+        order = np.lexsort((-te, tb))
+        tb, te, t_idx = tb[order], te[order], t_idx[order]
+        start_of = np.r_[0, np.flatnonzero(tb[1:] != tb[:-1]) + 1]
+        rank = np.arange(tb.size) - np.repeat(start_of, np.diff(np.r_[start_of, tb.size]))
+        kth_pos = np.minimum(start_of + EXEMPLARS - 1, np.r_[start_of[1:], tb.size] - 1)
+        kth = np.repeat(te[kth_pos], np.diff(np.r_[start_of, tb.size]))
+        chosen = (rank < EXEMPLARS) | (te >= kth)
+        traces = cols.traces
+        for b, e, i in zip(
+            tb[chosen].tolist(), te[chosen].tolist(), src[t_idx[chosen]].tolist(), strict=True
+        ):
+            ex.setdefault(b, []).append((e, traces[i]))
+
+    for b, bucket in enumerate(buckets):
+        row = table[b]
+        if not any(row):
+            continue
+        bucket.counters.add_list(row)
+        for name, values, off in metrics:
+            lo, hi = off[b], off[b + 1]
+            if hi > lo:
+                sketch = bucket.digests.get(name)
+                if sketch is None:
+                    sketch = bucket.digests[name] = Sketch(max_centroids)
+                sketch.add(values[lo:hi])
+        found = ex.get(b)
+        if found:
+            bucket.merge_exemplars(found)

@@ -80,6 +80,9 @@ class BreachEngine:
     lifecycle: BreachPolicy = field(default_factory=BreachPolicy)
     #: Window whose slowest requests are attached as exemplars.
     exemplar_window_ms: int = WINDOWS["1h"]
+    #: Breach states changed since their partition's last checkpoint.
+    _states: dict[bytes, bytes] = field(default_factory=dict)
+    _unsaved: dict[int, set[bytes]] = field(default_factory=dict)
 
     def specs_for(self, series: tuple[str, str, str, str]) -> list[SloSpec]:
         return applicable(self.slos, *series)
@@ -99,7 +102,9 @@ class BreachEngine:
         out: list[Transition] = []
         for spec in specs:
             skey = f"{key}{_SEP}{spec.name}".encode()
-            raw = self.state_table.get(skey)
+            raw = self._states.get(skey)
+            if raw is None:
+                raw = self.state_table.get(skey)
             state = (
                 BreachState.from_bytes(raw, key=skey)
                 if raw is not None
@@ -112,9 +117,27 @@ class BreachEngine:
             # an unpersisted quiet evaluation after a crash gives the same verdict,
             # so nothing is lost by not remembering it.
             if transitions or new.is_open:
-                self.state_table[skey] = new.to_bytes()
+                self._states[skey] = new.to_bytes()
+                self._unsaved.setdefault(cached.partition, set()).add(skey)
             out.extend(transitions)
         return out
+
+    def checkpoint(self, partition: int) -> int:
+        """Write the breach states changed on ``partition`` (inside the agent, see SeriesStore).
+
+        Called only after the transitions they produced were flushed to the
+        broker: a crash then replays the evaluation and re-sends (same
+        ``event_id``) rather than remembering a transition nobody received.
+        """
+        keys = self._unsaved.pop(partition, set())
+        for skey in sorted(keys):
+            self.state_table[skey] = self._states.pop(skey)
+        return len(keys)
+
+    def forget_all(self) -> None:
+        """Partitions moved: drop unwritten states (their input will be replayed)."""
+        self._states.clear()
+        self._unsaved.clear()
 
     def payloads(
         self,

@@ -1,29 +1,55 @@
 """The internal wire format of ``tailguard.internal.series``.
 
-The ingest agent validates input once and forwards, per series, the events of
-a batch of input messages together with the input position of each event, so
-the SLI agent can apply every input message exactly once (see
-:mod:`tailguard.agents.sli`). MessagePack with typed decoding keeps the second
-decode as cheap as the first.
+The ingest agent validates input once and forwards, per internal partition,
+one message holding the requests of many series as columns (raw numpy
+arrays, see :class:`~tailguard.streams.columns.Columns`), grouped by series,
+each group in input order, with the input position of every request so the
+SLI agent can apply every input message exactly once. Decoding is a handful
+of ``np.frombuffer`` calls whatever the number of requests.
 """
 
+import zlib
+from collections.abc import Sequence
+
 import msgspec
+import numpy as np
 from tailguard.schemas import InferenceEvent
+from tailguard.streams.columns import Columns
+from tailguard.streams.columns import _Wire as ColumnsWire
 
-__all__ = ["SeriesBatch", "decode_batch", "encode_batch", "series_key"]
+__all__ = [
+    "PartitionBatch",
+    "SeriesGroups",
+    "decode_groups",
+    "encode_groups",
+    "partition_for",
+    "route",
+    "series_key",
+]
 
 
-class SeriesBatch(msgspec.Struct, array_like=True):
-    """Events of one series, in input order, with their input positions."""
+class PartitionBatch(msgspec.Struct, array_like=True):
+    """Requests of several series bound for one internal partition."""
 
-    series: tuple[str, str, str, str]
-    events: list[InferenceEvent]
-    #: ``(input partition, input offset)`` of each event, parallel to ``events``.
-    positions: list[tuple[int, int]]
+    series: list[tuple[str, str, str, str]]
+    #: int64 offsets into the columns: group ``i`` is ``[bounds[i], bounds[i+1])``.
+    bounds: bytes
+    cols: ColumnsWire
+    #: GPUs that served each group: ``(group, host, gpu index, newest ts_ms)``.
+    gpus: list[tuple[int, str, int, int]] = []
+
+
+class SeriesGroups(msgspec.Struct):
+    """A decoded :class:`PartitionBatch`."""
+
+    series: list[tuple[str, str, str, str]]
+    bounds: np.ndarray
+    cols: Columns
+    gpus: list[tuple[int, str, int, int]]
 
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(SeriesBatch)
+_decoder = msgspec.msgpack.Decoder(PartitionBatch)
 
 
 def series_key(service: str, model: str, variant: str, tenant: str) -> str:
@@ -31,9 +57,155 @@ def series_key(service: str, model: str, variant: str, tenant: str) -> str:
     return f"{service}|{model}|{variant}|{tenant}"
 
 
-def encode_batch(batch: SeriesBatch) -> bytes:
+def partition_for(key: str, partitions: int) -> int:
+    """The internal partition of a series key (stable across processes and releases)."""
+    return zlib.crc32(key.encode()) % partitions
+
+
+def encode_groups(
+    series: list[tuple[str, str, str, str]],
+    bounds: np.ndarray,
+    cols: Columns,
+    gpus: list[tuple[int, str, int, int]],
+) -> bytes:
+    batch = PartitionBatch(
+        series=series,
+        bounds=np.asarray(bounds, dtype=np.int64).tobytes(),
+        cols=cols.to_wire(),
+        gpus=gpus,
+    )
     return _encoder.encode(batch)
 
 
-def decode_batch(data: bytes) -> SeriesBatch:
-    return _decoder.decode(data)
+def decode_groups(data: bytes) -> SeriesGroups:
+    """Inverse of :func:`encode_groups`; raises ``ValueError`` on inconsistent data."""
+    try:
+        batch = _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ValueError(str(exc)) from exc
+    cols = Columns.from_wire(batch.cols)
+    bounds = np.frombuffer(batch.bounds, dtype=np.int64)
+    if (
+        bounds.size != len(batch.series) + 1
+        or bounds[0] != 0
+        or bounds[-1] != len(cols)
+        or np.any(np.diff(bounds) < 0)
+    ):
+        msg = "group bounds disagree with the columns"
+        raise ValueError(msg)
+    return SeriesGroups(series=batch.series, bounds=bounds, cols=cols, gpus=batch.gpus)
+
+
+#: Budget of one forwarded message: well under the producer's request limit.
+MAX_MESSAGE_BYTES = 900_000
+
+
+def _cost(cols: Columns) -> np.ndarray:
+    """Approximate wire bytes per request."""
+    trace_len = np.fromiter(map(len, cols.traces), dtype=np.int64, count=len(cols.traces))
+    return 64 + 8 * cols.itl_len + trace_len
+
+
+def route(
+    events: Sequence[InferenceEvent],
+    positions: list[tuple[int, int]],
+    partitions: int,
+    max_bytes: int = MAX_MESSAGE_BYTES,
+) -> list[tuple[int, bytes]]:
+    """Group validated events by series and pack them per internal partition.
+
+    Returns ``(partition, message)`` pairs. A message holds whole series
+    groups up to ``max_bytes``; a series group larger than that is cut, but
+    only between input messages (all requests of one input message for one
+    series travel together: replay protection compares whole input offsets).
+    """
+    if not events:
+        return []
+    index: dict[tuple[str, str, str, str], int] = {}
+    gid = np.fromiter(
+        (
+            index.setdefault((ev.service, ev.model, ev.variant, ev.tenant), len(index))
+            for ev in events
+        ),
+        dtype=np.int64,
+        count=len(events),
+    )
+    series = list(index)
+    group_part = np.array(
+        [partition_for(series_key(*s), partitions) for s in series], dtype=np.int64
+    )
+    gpus: dict[tuple[int, str, int], int] = {}
+    for g, ev in zip(gid.tolist(), events, strict=True):
+        if ev.host and ev.gpu_ids:
+            for gpu in ev.gpu_ids:
+                key = (g, ev.host, gpu)
+                if ev.ts_ms > gpus.get(key, -1):
+                    gpus[key] = ev.ts_ms
+    cols = Columns.from_events(events, positions)
+    order = np.argsort(gid, kind="stable")
+    sg = gid[order]
+    heads = np.flatnonzero(np.r_[True, sg[1:] != sg[:-1]])
+    ends = np.r_[heads[1:], sg.size]
+    cost = np.r_[0, np.cumsum(_cost(cols)[order])]
+    out: list[tuple[int, bytes]] = []
+    per_part: dict[int, list[tuple[int, int, int]]] = {}  # partition → [(group, lo, hi)] in `order`
+    for h, e in zip(heads.tolist(), ends.tolist(), strict=True):
+        g = int(sg[h])
+        per_part.setdefault(int(group_part[g]), []).append((g, h, e))
+    gpus_of: dict[int, list[tuple[int, str, int, int]]] = {}
+    for (g, host, gpu), ts in gpus.items():
+        gpus_of.setdefault(g, []).append((g, host, gpu, ts))
+
+    def pieces(g: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
+        """Cut one group at input-message boundaries into pieces under the budget."""
+        if cost[hi] - cost[lo] <= max_bytes:
+            return [(g, lo, hi)]
+        rows = order[lo:hi]
+        part, off = cols.part[rows], cols.offset[rows]
+        bounds = [
+            lo + i for i in np.flatnonzero((part[1:] != part[:-1]) | (off[1:] != off[:-1])) + 1
+        ]
+        # Greedy: extend a piece message by message while it fits (a lone
+        # oversized input message stays whole).
+        out_: list[tuple[int, int, int]] = []
+        start = last_fit = lo
+        for b in [*bounds, hi]:
+            if cost[b] - cost[start] > max_bytes and last_fit > start:
+                out_.append((g, start, last_fit))
+                start = last_fit
+            last_fit = b
+        out_.append((g, start, hi))
+        return out_
+
+    for p in sorted(per_part):
+        message: list[tuple[int, int, int]] = []
+        size = 0
+        for g, lo, hi in per_part[p]:
+            for piece in pieces(g, lo, hi):
+                piece_size = int(cost[piece[2]] - cost[piece[1]])
+                if message and size + piece_size > max_bytes:
+                    out.append((p, _pack(message, order, cols, series, gpus_of)))
+                    message, size = [], 0
+                message.append(piece)
+                size += piece_size
+        if message:
+            out.append((p, _pack(message, order, cols, series, gpus_of)))
+    return out
+
+
+def _pack(
+    pieces: list[tuple[int, int, int]],
+    order: np.ndarray,
+    cols: Columns,
+    series: list[tuple[str, str, str, str]],
+    gpus_of: dict[int, list[tuple[int, str, int, int]]],
+) -> bytes:
+    rows = np.concatenate([order[lo:hi] for _, lo, hi in pieces])
+    bounds = np.r_[0, np.cumsum([hi - lo for _, lo, hi in pieces])]
+    names = [series[g] for g, _, _ in pieces]
+    gpus = [
+        (i, host, gpu, ts)
+        for i, (g, _, _) in enumerate(pieces)
+        for _, host, gpu, ts in gpus_of.get(g, [])
+    ]
+    return encode_groups(names, bounds, cols.take(rows), gpus)

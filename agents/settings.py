@@ -37,6 +37,10 @@ class Settings:
     #: ``ingest_within_s`` seconds, whichever comes first.
     ingest_batch: int = 500
     ingest_within_s: float = 0.5
+    #: Wall-clock period of state checkpoints per partition: changed series are
+    #: written to the tables and the input they hold is acknowledged (so the
+    #: consumer offset never runs ahead of the stored state).
+    checkpoint_interval_s: float = 5.0
     rocksdb_cache_mib: int = 16
     rocksdb_write_buffer_mib: int = 8
     web_port: int = 6066
@@ -56,6 +60,9 @@ class Settings:
         if self.partitions < 1:
             msg = f"partitions must be ≥ 1, got {self.partitions}"
             raise SettingsError(msg)
+        if not self.checkpoint_interval_s > 0:
+            msg = f"checkpoint_interval_s must be > 0, got {self.checkpoint_interval_s}"
+            raise SettingsError(msg)
         if self.ingest_batch < 1 or self.ingest_within_s <= 0:
             msg = "ingest_batch must be ≥ 1 and ingest_within_s > 0"
             raise SettingsError(msg)
@@ -71,6 +78,8 @@ class Settings:
             "partitions": default_partitions(),
             "topic_prefix": default_prefix(),
         }
+        if env.get("TAILGUARD_CHECKPOINT_S"):
+            values["checkpoint_interval_s"] = float(env["TAILGUARD_CHECKPOINT_S"])
         values.update({k: v for k, v in overrides.items() if v is not None})
         if isinstance(values["data_dir"], str):
             values["data_dir"] = Path(values["data_dir"])

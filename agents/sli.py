@@ -1,17 +1,29 @@
 """SLI agent: per-series sliding windows in RocksDB, snapshots on ``tailguard.sli``.
 
-For each per-series batch from ``tailguard.internal.series``:
+For each message of ``tailguard.internal.series`` (the requests of many
+series bound for one partition, as columns):
 
-1. load the series' :class:`~tailguard.streams.SeriesWindows` (cache, else tables);
-2. ``add`` the events with their input positions (idempotent per bucket);
-3. write the touched buckets and the meta to the tables (changelogged);
-4. for every minute bucket the event-time watermark closed, publish a *final*
-   snapshot of each configured window ending there.
+1. load each series' :class:`~tailguard.streams.SeriesWindows` (cache, else tables);
+2. fold every series in with one numpy pass (:func:`~tailguard.streams.fold.fold_many`),
+   idempotent per bucket and input offset;
+3. for every minute bucket the event-time watermark closed, publish a *final*
+   snapshot of each configured window ending there and evaluate the SLOs;
+4. every ``checkpoint_interval_s`` per partition: flush what was published,
+   write the changed series and breach states to the tables (changelogged),
+   then acknowledge the input they hold.
+
+The stream is consumed without automatic acks, so the committed offset
+never runs ahead of the stored state: after a crash the input since the
+last checkpoint is replayed, and the per-bucket input offsets make the
+replay add nothing twice. Outputs are flushed before the state that
+records them, so a crash can re-send an output (same ``event_id``) but never
+lose one.
 
 A timer additionally publishes *provisional* snapshots (``final: false``) of
-series that changed, every ``snapshot_interval_s`` of wall-clock time, so a
-quiet series' open minute is visible too. Final snapshots depend only on the
-events, so a replay publishes the same ones (same ``event_id``).
+series that changed, every ``snapshot_interval_s`` of wall-clock time, within
+a time budget, so a quiet series' open minute is visible too. Final snapshots
+depend only on the events, so a replay publishes the same ones (same
+``event_id``).
 """
 
 import hashlib
@@ -21,13 +33,14 @@ from typing import Any
 import faust
 from faust.types import TP
 from tailguard.agents.breaches import BreachEngine
-from tailguard.agents.internal import decode_batch, series_key
+from tailguard.agents.internal import decode_groups, series_key
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
 from tailguard.agents.state import CachedSeries, SeriesStore
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.topics import Topics
 from tailguard.streams import WINDOWS, SeriesWindows, summarize
+from tailguard.streams.fold import fold_many
 
 __all__ = ["final_cadence_ms", "register_sli", "snapshot_payload"]
 
@@ -94,6 +107,8 @@ def snapshot_payload(
 
 
 _MAX_GPUS_PER_SERIES = 64
+#: Share of each provisional-snapshot period the timer may spend publishing.
+_PROVISIONAL_SHARE = 0.25
 
 
 def _series_of(key: str) -> tuple[str, str, str, str]:
@@ -101,16 +116,15 @@ def _series_of(key: str) -> tuple[str, str, str, str]:
     return service, model, variant, tenant
 
 
-def _note_gpus(cached: CachedSeries, events: list[Any]) -> None:
+def _note_gpus(cached: CachedSeries, gpus: list[tuple[str, int, int]]) -> None:
     """Remember which GPUs served the series (for the breach GPU join)."""
-    gpus = cached.gpus
-    for ev in events:
-        if ev.host and ev.gpu_ids:
-            for index in ev.gpu_ids:
-                gpus[(ev.host, index)] = max(ev.ts_ms, gpus.get((ev.host, index), 0))
-    if len(gpus) > _MAX_GPUS_PER_SERIES:
-        for gone in sorted(gpus, key=gpus.__getitem__)[: len(gpus) - _MAX_GPUS_PER_SERIES]:
-            del gpus[gone]
+    known = cached.gpus
+    for host, index, ts in gpus:
+        if ts > known.get((host, index), 0):
+            known[(host, index)] = ts
+    if len(known) > _MAX_GPUS_PER_SERIES:
+        for gone in sorted(known, key=known.__getitem__)[: len(known) - _MAX_GPUS_PER_SERIES]:
+            del known[gone]
 
 
 def register_sli(
@@ -172,28 +186,64 @@ def register_sli(
 
         return on_close
 
+    last_checkpoint: dict[int, float] = {}
+    pending: dict[int, list[Any]] = {}
+
+    async def checkpoint(stream: Any, partition: int) -> None:
+        # Outputs first (a crash may then re-send, never lose), then state, then acks.
+        await app.producer.flush()
+        stats.checkpoints += 1
+        stats.state_writes += store.checkpoint(partition)
+        stats.state_writes += engine.checkpoint(partition)
+        for held in pending.pop(partition, []):
+            await stream.ack(held)
+        last_checkpoint[partition] = time.monotonic()
+
     @app.agent(topics.series, name="tailguard.sli")
     async def sli(stream: faust.StreamT[bytes]) -> None:
-        async for event in stream.events():
-            batch = decode_batch(event.value)
-            series = batch.series
-            key = series_key(*series)
-            names[key] = series
-            if key not in specs:
-                specs[key] = engine.specs_for(series)
-            cached = store.get(key, event.message.partition)
-            _note_gpus(cached, batch.events)
+        manual = stream.noack()
+        async for event in manual.events():
+            partition = event.message.partition
+            pending.setdefault(partition, []).append(event)
+            try:
+                groups = decode_groups(event.value)
+            except ValueError as exc:
+                # Only this worker writes the topic: a bad record is a bug or a
+                # foreign producer. Skip it loudly rather than stop the partition.
+                app.log.error("tailguard: skipping undecodable internal record: %s", exc)
+                stats.internal_errors += 1
+                continue
             outgoing: list[tuple[Any, bytes, bytes, list[tuple[str, bytes]]]] = []
-
-            on_close = _closer(series, key, cached, specs[key], outgoing)
-            result = cached.state.add(batch.events, batch.positions, on_close)
-            store.save(key, cached.state.take_changes())
-            cached.dirty = cached.dirty or result.accepted > 0
-            stats.events_applied += result.accepted
-            stats.late += result.late
-            stats.duplicates += result.duplicates
-            stats.replayed += result.replayed
+            states = []
+            closers = []
+            gpus_of: dict[int, list[tuple[str, int, int]]] = {}
+            for group, host, index, ts in groups.gpus:
+                gpus_of.setdefault(group, []).append((host, index, ts))
+            for i, series in enumerate(groups.series):
+                key = series_key(*series)
+                names[key] = series
+                if key not in specs:
+                    specs[key] = engine.specs_for(series)
+                cached = store.get(key, partition)
+                cached.partition = partition
+                if i in gpus_of:
+                    _note_gpus(cached, gpus_of[i])
+                states.append(cached.state)
+                closers.append(_closer(series, key, cached, specs[key], outgoing))
+                store.mark_unsaved(key, partition)
+                cached.dirty = True
+            results = fold_many(states, groups.cols, groups.bounds, closers)
+            for result in results:
+                stats.events_applied += result.accepted
+                stats.late += result.late
+                stats.duplicates += result.duplicates
+                stats.replayed += result.replayed
             await send_all(outgoing)
+            since = time.monotonic() - last_checkpoint.setdefault(partition, time.monotonic())
+            if since >= settings.checkpoint_interval_s:
+                await checkpoint(manual, partition)
+
+    cursor = [0]
 
     if settings.snapshot_interval_s > 0:
 
@@ -202,7 +252,15 @@ def register_sli(
             if store.needs_warm and app.tables.recovery.completed.is_set():
                 loaded = store.warm()
                 app.log.info("tailguard: loaded %d series from the tables", loaded)
-            for key, cached in store.items():
+            # Within a time budget, resuming next tick where this one stopped: with
+            # thousands of busy series a full pass would starve the agents.
+            began = time.monotonic()
+            budget = settings.snapshot_interval_s * _PROVISIONAL_SHARE
+            items = store.items()
+            start = cursor[0] % max(len(items), 1)
+            done = 0
+            for key, cached in items[start:] + items[:start]:
+                done += 1
                 if not cached.dirty:
                     continue
                 end = cached.state.default_end()
@@ -211,11 +269,19 @@ def register_sli(
                 cached.dirty = False
                 series = names.get(key) or _series_of(key)
                 await send_all(snapshots(series, cached.state, end, final=False))
+                if time.monotonic() - began > budget:
+                    break
+            cursor[0] = start + done
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
-        # Partitions may come back or go elsewhere: drop the cache and let the
-        # next timer tick reload what this worker still owns from the tables.
+        # Partitions may come back or go elsewhere: drop the cache, the unwritten
+        # state and the unacknowledged input (it will be consumed again, by
+        # whoever owns it now) and let the next timer tick reload what this
+        # worker still owns from the tables.
         store.forget_all()
+        engine.forget_all()
+        pending.clear()
+        last_checkpoint.clear()
 
     return sli

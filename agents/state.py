@@ -15,7 +15,7 @@ worker owns; it is filled lazily from the tables (which faust restored from the
 changelog) and dropped for partitions that are revoked.
 """
 
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 
 from tailguard.streams import Changes, RingConfig, SeriesWindows, Thresholds
@@ -57,6 +57,8 @@ class SeriesStore:
         self._ring = ring
         self._thresholds = thresholds or (lambda _series: Thresholds())
         self._cache: dict[str, CachedSeries] = {}
+        #: Series changed since their partition's last checkpoint, per partition.
+        self._unsaved: dict[int, set[str]] = {}
         #: Set at start and after every rebalance: the next timer tick (once
         #: recovery is complete) loads every owned series from the tables.
         self.needs_warm = True
@@ -95,6 +97,27 @@ class SeriesStore:
                 del self._buckets[key]
         self._meta[series] = changes.meta
 
+    def mark_unsaved(self, series: str, partition: int) -> None:
+        """``series`` changed: write it at its partition's next :meth:`checkpoint`."""
+        self._unsaved.setdefault(partition, set()).add(series)
+
+    def unsaved(self, partition: int) -> int:
+        return len(self._unsaved.get(partition, ()))
+
+    def checkpoint(self, partition: int) -> int:
+        """Write every changed series of ``partition``; returns how many.
+
+        Must run inside the agent while it processes a message of
+        ``partition`` (faust writes to the store and changelog partition of
+        the current event).
+        """
+        keys = self._unsaved.pop(partition, set())
+        for key in sorted(keys):
+            cached = self._cache.get(key)
+            if cached is not None:
+                self.save(key, cached.state.take_changes())
+        return len(keys)
+
     def warm(self) -> int:
         """Load every series of the partitions this worker owns (after start or a rebalance).
 
@@ -113,6 +136,7 @@ class SeriesStore:
     def forget_all(self) -> None:
         """Drop the cache (partitions moved); :meth:`warm` reloads what is still ours."""
         self._cache.clear()
+        self._unsaved.clear()
         self.needs_warm = True
 
     def forget_partitions(self, partitions: set[int]) -> int:
@@ -122,8 +146,8 @@ class SeriesStore:
             del self._cache[key]
         return len(gone)
 
-    def items(self) -> Iterator[tuple[str, CachedSeries]]:
-        return iter(list(self._cache.items()))
+    def items(self) -> list[tuple[str, CachedSeries]]:
+        return list(self._cache.items())
 
     def __len__(self) -> int:
         return len(self._cache)

@@ -19,6 +19,9 @@ class WorkerStats:
     snapshots: int = 0
     gpu_samples: int = 0
     breach_events: int = 0
+    checkpoints: int = 0
+    state_writes: int = 0
+    internal_errors: int = 0
     deadletters: Counter[str] = field(default_factory=Counter)
 
     def line(self) -> str:
@@ -27,5 +30,6 @@ class WorkerStats:
         return (
             f"messages={self.messages} valid={self.events_valid} applied={self.events_applied} "
             f"late={self.late} duplicates={self.duplicates} replayed={self.replayed} "
-            f"deadletters={dl} snapshots={self.snapshots}"
+            f"deadletters={dl} snapshots={self.snapshots} checkpoints={self.checkpoints} "
+            f"state_writes={self.state_writes}"
         )

@@ -57,6 +57,13 @@ def cli() -> None:
 @click.option("--windows", default=None, help="Comma-separated SLI windows, e.g. 1m,5m,1h.")
 @click.option("--lateness-ms", type=int, default=None, help="Allowed lateness in event time.")
 @click.option(
+    "--checkpoint-interval",
+    type=float,
+    default=None,
+    help="Seconds between state checkpoints per partition (env TAILGUARD_CHECKPOINT_S, "
+    "default 5): the most input replayed after a crash.",
+)
+@click.option(
     "--slo-file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
@@ -70,6 +77,7 @@ def worker(
     snapshot_interval: float | None,
     windows: str | None,
     lateness_ms: int | None,
+    checkpoint_interval: float | None,
     slo_file: Path | None,
     loglevel: str,
 ) -> None:
@@ -86,6 +94,7 @@ def worker(
         snapshot_interval_s=snapshot_interval,
         sli_windows=tuple(windows.split(",")) if windows else None,
         allowed_lateness_ms=lateness_ms,
+        checkpoint_interval_s=checkpoint_interval,
         slo_file=slo_file,
     )
     if settings.slo_file is not None:

@@ -7,6 +7,7 @@ from tailguard.agents.app import make_app
 from tailguard.agents.breaches import BreachEngine, thresholds_resolver
 from tailguard.agents.gpu import GpuCache, register_gpu
 from tailguard.agents.ingest import register_ingest
+from tailguard.agents.outputs import Outputs
 from tailguard.agents.settings import Settings
 from tailguard.agents.sli import register_sli
 from tailguard.agents.state import SeriesStore
@@ -46,9 +47,10 @@ def build(settings: Settings) -> Pipeline:
     stats = WorkerStats()
     register_ingest(app, topics, settings, stats)
     register_gpu(app, topics, settings, stats, tables.gpu_latest)
-    register_sli(app, topics, settings, stats, store, engine)
+    outputs = Outputs(settings.broker)
+    register_sli(app, topics, settings, stats, store, engine, outputs)
 
-    @app.timer(30.0, name="tailguard.stats")
+    @app.timer(settings.stats_interval_s, name="tailguard.stats")
     async def log_stats() -> None:
         app.log.info("tailguard %s", stats.line())
 

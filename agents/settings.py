@@ -41,6 +41,8 @@ class Settings:
     #: written to the tables and the input they hold is acknowledged (so the
     #: consumer offset never runs ahead of the stored state).
     checkpoint_interval_s: float = 5.0
+    #: Period of the worker's one-line counters in its log.
+    stats_interval_s: float = 30.0
     rocksdb_cache_mib: int = 16
     rocksdb_write_buffer_mib: int = 8
     web_port: int = 6066
@@ -78,6 +80,8 @@ class Settings:
             "partitions": default_partitions(),
             "topic_prefix": default_prefix(),
         }
+        if env.get("TAILGUARD_STATS_INTERVAL_S"):
+            values["stats_interval_s"] = float(env["TAILGUARD_STATS_INTERVAL_S"])
         if env.get("TAILGUARD_CHECKPOINT_S"):
             values["checkpoint_interval_s"] = float(env["TAILGUARD_CHECKPOINT_S"])
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -34,6 +34,7 @@ import faust
 from faust.types import TP
 from tailguard.agents.breaches import BreachEngine
 from tailguard.agents.internal import decode_groups, series_key
+from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
 from tailguard.agents.state import CachedSeries, SeriesStore
@@ -108,7 +109,7 @@ def snapshot_payload(
 
 _MAX_GPUS_PER_SERIES = 64
 #: Share of each provisional-snapshot period the timer may spend publishing.
-_PROVISIONAL_SHARE = 0.25
+_PROVISIONAL_SHARE = 0.1
 
 
 def _series_of(key: str) -> tuple[str, str, str, str]:
@@ -134,14 +135,17 @@ def register_sli(
     stats: WorkerStats,
     store: SeriesStore,
     engine: BreachEngine,
+    outputs: Outputs,
 ) -> Any:
     """Attach the SLI agent, its provisional-snapshot timer and the rebalance hook."""
     names: dict[str, tuple[str, str, str, str]] = {}
+    sli_topic = topics.sli.get_topic_name()
+    breach_topic = topics.breaches.get_topic_name()
     specs: dict[str, list[Any]] = {}
 
     def snapshots(
         series: tuple[str, str, str, str], state: SeriesWindows, end_ms: int, *, final: bool
-    ) -> list[tuple[Any, bytes, bytes, list[tuple[str, bytes]]]]:
+    ) -> list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]:
         now = int(time.time() * 1000)
         key = series_key(*series).encode()
         out = []
@@ -158,13 +162,13 @@ def register_sli(
                 with_digests=settings.attach_digests,
             )
             value, headers = frame(payload, source=settings.source)
-            out.append((topics.sli, key, value, headers))
+            out.append((sli_topic, key, value, headers))
         return out
 
-    async def send_all(outgoing: list[tuple[Any, bytes, bytes, list[tuple[str, bytes]]]]) -> None:
+    async def send_all(outgoing: list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]) -> None:
         for topic, key, value, headers in outgoing:
-            await topic.send(key=key, value=value, headers=headers)
-            if topic is topics.sli:
+            outputs.send(topic, key, value, headers)
+            if topic == sli_topic:
                 stats.snapshots += 1
             else:
                 stats.breach_events += 1
@@ -174,7 +178,7 @@ def register_sli(
         key: str,
         cached: CachedSeries,
         slos: list[Any],
-        outgoing: list[tuple[Any, bytes, bytes, list[tuple[str, bytes]]]],
+        outgoing: list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]],
     ) -> Any:
         def on_close(end_ms: int) -> None:
             # Runs inside add(), before roll-up and pruning: what it reads of
@@ -182,7 +186,7 @@ def register_sli(
             outgoing.extend(snapshots(series, cached.state, end_ms, final=True))
             transitions = engine.evaluate(series, key, cached, end_ms, slos)
             for value, headers in engine.payloads(transitions, series, cached, settings.source):
-                outgoing.append((topics.breaches, key.encode(), value, headers))
+                outgoing.append((breach_topic, key.encode(), value, headers))
 
         return on_close
 
@@ -191,7 +195,14 @@ def register_sli(
 
     async def checkpoint(stream: Any, partition: int) -> None:
         # Outputs first (a crash may then re-send, never lose), then state, then acks.
-        await app.producer.flush()
+        try:
+            await outputs.flush()
+        except OutputError as exc:
+            # The broker is away or refusing: keep holding the input (it will be
+            # replayed if this worker dies) and try again at the next checkpoint.
+            app.log.warning("tailguard: checkpoint of partition %d deferred: %s", partition, exc)
+            last_checkpoint[partition] = time.monotonic()
+            return
         stats.checkpoints += 1
         stats.state_writes += store.checkpoint(partition)
         stats.state_writes += engine.checkpoint(partition)
@@ -213,7 +224,7 @@ def register_sli(
                 app.log.error("tailguard: skipping undecodable internal record: %s", exc)
                 stats.internal_errors += 1
                 continue
-            outgoing: list[tuple[Any, bytes, bytes, list[tuple[str, bytes]]]] = []
+            outgoing: list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]] = []
             states = []
             closers = []
             gpus_of: dict[int, list[tuple[str, int, int]]] = {}

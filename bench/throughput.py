@@ -2,23 +2,29 @@
 
     python -m bench.throughput            (make bench starts the test broker first)
 
-1. Pre-loads ``BENCH_EVENTS`` inference events (default 200,000; ~310 bytes
-   each with 9 ITL gaps, 200 per message, over ``BENCH_SERIES`` = 1,000
-   series) into a fresh topic namespace.
+1. Pre-loads ``BENCH_EVENTS`` inference events (default 600,000; ~300 bytes
+   each with 9 ITL gaps, 200 per message, over ``BENCH_SERIES`` = 10,000
+   series) into a fresh topic namespace. Event time advances 100 requests per
+   millisecond — a service doing 100,000 requests/s — and one closing request
+   per series follows, so every series closes its minutes and publishes
+   *final* snapshots.
 2. *Ceiling*: a bare confluent-kafka consumer reads the same topic and decodes
    every message with msgspec into typed events — the most any Python consumer
    of this topic could do on this machine, measured in the same run.
-3. *Worker*: one ``tailguard worker`` subprocess consumes the topic; the clock
-   runs from its first committed offset (start-up excluded, reported apart) to
-   the moment the SLI snapshots account for every event.
+3. *Worker*: one ``tailguard worker`` subprocess with every agent on (ingest,
+   SLI, breach evaluation, GPU join); the clock runs from the moment it
+   reports ready to the moment its final 1-minute snapshots account for every
+   event; its peak RSS (VmHWM) is read from ``/proc``.
 
 Writes ``bench/results/throughput.json``. Absolute numbers drift on shared
 machines; the ratio to the ceiling is the figure to compare across runs.
+``BENCH_PROFILE=out.txt`` records the worker with py-spy (raw format).
 """
 
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -39,41 +45,70 @@ from tailguard.kafka_admin import create_topics
 
 REPO = Path(__file__).resolve().parents[1]
 BROKER = os.environ.get("TAILGUARD_BROKER", "127.0.0.1:19092")
-EVENTS = int(os.environ.get("BENCH_EVENTS", "200000"))
-SERIES = int(os.environ.get("BENCH_SERIES", "1000"))
+EVENTS = int(os.environ.get("BENCH_EVENTS", "600000"))
+SERIES = int(os.environ.get("BENCH_SERIES", "10000"))
+#: Requests per millisecond of event time (100 = a 100,000 requests/s service).
+PER_MS = 100
+LATENESS_MS = 120_000
 PER_MESSAGE = 200
 PARTITIONS = 4
 
 
+def series_fields(s: int, series: int) -> dict[str, str]:
+    return {
+        "service": f"svc{s % 10}",
+        "model": f"m{(s // 10) % 10}",
+        "tenant": f"t{s // 100}",
+        "variant": "control" if s < series // 2 else "treatment",
+    }
+
+
 def make_messages(n: int, series: int, seed: int = 1) -> list[bytes]:
+    """``n`` requests at 100 per ms of event time, then one closing request per series."""
     rng = np.random.default_rng(seed)
     start = int(time.time() * 1000) - 1_800_000
     ttft = rng.lognormal(np.log(180), 0.45, n)
     gaps = rng.lognormal(np.log(30), 0.35, (n, 9)).round(2)
     sid = rng.integers(0, series, n)
+    names = [series_fields(s, series) for s in range(series)]
     enc = msgspec.json.Encoder()
     msgs = []
     for lo in range(0, n, PER_MESSAGE):
         batch = []
         for i in range(lo, min(n, lo + PER_MESSAGE)):
-            s = int(sid[i])
             itl = gaps[i].tolist()
             batch.append(
                 {
                     "event_id": f"b{i}",
-                    "ts_ms": start + i * 1_500_000 // n,
-                    "service": f"svc{s % 10}",
-                    "model": f"m{(s // 10) % 10}",
-                    "tenant": f"t{(s // 100) % 5}",
-                    "variant": "control" if s < series // 2 else "treatment",
+                    "ts_ms": start + i // PER_MS,
+                    **names[int(sid[i])],
                     "status": "ok",
                     "ttft_ms": round(float(ttft[i]), 2),
                     "e2e_ms": round(float(ttft[i]) + sum(itl), 2),
                     "output_tokens": 10,
                     "input_tokens": 300,
                     "itl_ms": itl,
+                    "trace_id": f"{i:032x}",
+                    "host": f"gpu-node-{int(sid[i]) % 16:02d}",
+                    "gpu_ids": [int(sid[i]) % 8],
                 }
             )
+        msgs.append(enc.encode(batch))
+    # Closing requests: past every series' last bucket + lateness, so its minutes close.
+    closing = start + n // PER_MS + LATENESS_MS + 120_000
+    for lo in range(0, series, PER_MESSAGE):
+        batch = [
+            {
+                "event_id": f"close{s}",
+                "ts_ms": closing,
+                **names[s],
+                "status": "ok",
+                "ttft_ms": 100.0,
+                "e2e_ms": 200.0,
+                "output_tokens": 1,
+            }
+            for s in range(lo, min(series, lo + PER_MESSAGE))
+        ]
         msgs.append(enc.encode(batch))
     return msgs
 
@@ -117,21 +152,21 @@ def ceiling(topic: str, n_msgs: int) -> tuple[float, int]:
     return elapsed, events
 
 
-def group_committed(admin: AdminClient, group: str, topic: str) -> int:
-    from confluent_kafka import ConsumerGroupTopicPartitions
+def _ready(log_path: Path) -> bool:
+    return b"Ready" in log_path.read_bytes()
 
-    fut = admin.list_consumer_group_offsets(
-        [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in range(PARTITIONS)])]
-    )
-    try:
-        res = fut[group].result(timeout=5)
-    except Exception:
-        return 0
-    return sum(max(tp.offset, 0) for tp in res.topic_partitions)
+
+_STATS = re.compile(rb"applied=(\d+) late=(\d+)")
+
+
+def _counters(log_path: Path) -> tuple[int, int]:
+    """(applied, late) from the worker's last counters line."""
+    found = _STATS.findall(log_path.read_bytes()[-4096:])
+    return (int(found[-1][0]), int(found[-1][1])) if found else (0, 0)
 
 
 def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
-    topic = prefix + "tailguard.inference"
+    """Run one worker over the pre-loaded topic; time it from ready to fully accounted."""
     sli_topic = prefix + "tailguard.sli"
     data = Path(tempfile.mkdtemp(prefix="tg-bench-"))
     env = {
@@ -140,11 +175,13 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
         "TAILGUARD_TOPIC_PREFIX": prefix,
         "TAILGUARD_APP_ID": app_id,
         "TAILGUARD_PARTITIONS": str(PARTITIONS),
+        "TAILGUARD_STATS_INTERVAL_S": "0.5",
     }
-    log = open(data / "worker.log", "wb")  # noqa: SIM115 - closed below
+    log_path = data / "worker.log"
+    log = log_path.open("wb")
     started = time.perf_counter()
-    # BENCH_PROFILE=path.svg records the worker with py-spy (pip install py-spy).
-    wrap = ["py-spy", "record", "-f", "raw", "-o", os.environ["BENCH_PROFILE"], "--"] if os.environ.get("BENCH_PROFILE") else []
+    profile = os.environ.get("BENCH_PROFILE")
+    wrap = ["py-spy", "record", "-f", "raw", "-o", profile, "--"] if profile else []
     proc = subprocess.Popen(
         [
             *wrap,
@@ -155,17 +192,14 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
             "--data-dir",
             str(data / "state"),
             "--snapshot-interval",
-            "1",
-            "--windows",
-            "1h",
+            "5",
             "--loglevel",
-            "warning",
+            "info",
         ],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    admin = AdminClient({"bootstrap.servers": BROKER})
     c = Consumer(
         {
             "bootstrap.servers": BROKER,
@@ -173,34 +207,43 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
             "enable.auto.commit": False,
         }
     )
-    first_commit = None
-    latest: dict[str, int] = {}
-    deadline = time.monotonic() + 900
+    ready_at = None
+    applied_at = None
+    main = total  # the closing requests come after (per partition)
+    seen: set[str] = set()
+    series: set[str] = set()
+    late_total = 0
+    counted = 0
+    deadline = time.monotonic() + 1200
     done_at = None
-    assigned = False
     try:
+        admin = AdminClient({"bootstrap.servers": BROKER})
+        md = admin.list_topics(sli_topic, timeout=10).topics[sli_topic]
+        c.assign([TopicPartition(sli_topic, p, 0) for p in md.partitions])
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise SystemExit(f"worker exited with {proc.returncode}; see {data / 'worker.log'}")
-            if first_commit is None and group_committed(admin, app_id, topic) > 0:
-                first_commit = time.perf_counter()
-            if not assigned:
-                md = admin.list_topics(sli_topic, timeout=5).topics[sli_topic]
-                c.assign([TopicPartition(sli_topic, p, 0) for p in md.partitions])
-                assigned = True
+                raise SystemExit(f"worker exited with {proc.returncode}; see {log_path}")
+            if ready_at is None and _ready(log_path):
+                ready_at = time.perf_counter()
+            applied, late_total = _counters(log_path)
+            if applied_at is None and applied + late_total >= main:
+                applied_at = time.perf_counter()
             for m in c.consume(5000, timeout=0.2):
                 if m.error():
                     continue
                 snap = json.loads(m.value())
-                key = json.dumps(snap["series"], sort_keys=True)
-                latest[key] = max(latest.get(key, 0), snap["count"])
-            if sum(latest.values()) >= total:
+                if snap["final"] and snap["window"] == "1m" and snap["event_id"] not in seen:
+                    seen.add(snap["event_id"])
+                    counted += snap["count"]
+                    series.add(json.dumps(snap["series"], sort_keys=True))
+            # Late requests (a series' events reach the worker through four input
+            # partitions; one running ahead can make another's stragglers late)
+            # are in no snapshot's count: the worker's own counter accounts for them.
+            if applied_at is not None and counted + late_total >= total:
                 done_at = time.perf_counter()
                 break
         if done_at is None:
-            raise SystemExit(
-                f"worker did not account for all events in time ({sum(latest.values())}/{total})"
-            )
+            raise SystemExit(f"worker did not account for all events in time ({counted}/{total})")
         rss = 0.0
         for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -211,12 +254,14 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
         proc.wait(60)
         c.close()
         log.close()
-    t0 = first_commit or started
+    t0 = ready_at or started
     return {
         "seconds": done_at - t0,
+        "applied_s": (applied_at or done_at) - t0,
         "startup_s": t0 - started,
         "peak_rss_mib": round(rss, 1),
-        "series_seen": len(latest),
+        "series_seen": len(series),
+        "late": late_total,
     }
 
 
@@ -228,9 +273,13 @@ def main() -> None:
     topic = prefix + "tailguard.inference"
     t = time.perf_counter()
     preload(topic, msgs)
-    print(f"preloaded {EVENTS} events in {len(msgs)} messages ({time.perf_counter() - t:.1f}s)")
+    print(
+        f"preloaded {EVENTS} events in {len(msgs)} messages ({time.perf_counter() - t:.1f}s)",
+        flush=True,
+    )
     ceil_s, ceil_events = ceiling(topic, len(msgs))
-    print(f"ceiling: {ceil_events / ceil_s:,.0f} events/s")
+    ceil_eps = ceil_events / ceil_s
+    print(f"ceiling: {ceil_eps:,.0f} events/s", flush=True)
     w = run_worker(prefix, f"bench-{tag}", EVENTS)
     eps = EVENTS / w["seconds"]
     result = {
@@ -238,18 +287,28 @@ def main() -> None:
         "series": SERIES,
         "events_per_message": PER_MESSAGE,
         "partitions": PARTITIONS,
+        "all_agents": True,
         "events_per_s": round(eps),
-        "ceiling_events_per_s": round(ceil_events / ceil_s),
-        "ratio": round(eps / (ceil_events / ceil_s), 4),
+        "ceiling_events_per_s": round(ceil_eps),
+        "ratio": round(eps / ceil_eps, 4),
+        "seconds": round(w["seconds"], 2),
+        "applied_per_s": round(EVENTS / w["applied_s"]),
+        "close_minute_s": round(w["seconds"] - w["applied_s"], 2),
+        "series_seen": w["series_seen"],
+        "late_events": w["late"],
         "peak_rss_mib": w["peak_rss_mib"],
         "worker_startup_s": round(w["startup_s"], 2),
-        "series_seen": w["series_seen"],
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "event_time": f"{PER_MS * 1000} requests/s, then one closing request per series",
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "note": "broker, benchmark and worker share the machine",
+        },
         "command": "make bench",
     }
     out = REPO / "bench" / "results" / "throughput.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2), flush=True)
 
 
 if __name__ == "__main__":

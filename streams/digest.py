@@ -14,6 +14,7 @@ Values are added per batch (``from_values`` on a numpy array, then
 not the values it receives (SPEC.md §7 figures).
 """
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -115,13 +116,21 @@ _TAG_EXACT = b"E"
 
 
 def _exact_quantiles(values: np.ndarray, qs: Sequence[float]) -> list[float]:
-    """numpy's default ("linear") quantiles, for several q at the cost of one sort."""
+    """numpy's default ("linear") quantiles, for several q at the cost of one sort.
+
+    Plain Python after the sort: for a few hundred values and five q this is
+    several times faster than numpy's fancy indexing, with the same result.
+    """
     v = np.sort(values)
-    pos = np.asarray(qs, dtype=np.float64) * (v.size - 1)
-    lo = np.floor(pos).astype(np.int64)
-    hi = np.minimum(lo + 1, v.size - 1)
-    out = v[lo] + (v[hi] - v[lo]) * (pos - lo)
-    return [float(x) for x in out]
+    last = v.size - 1
+    out = []
+    for q in qs:
+        pos = q * last
+        lo = math.floor(pos)
+        hi = min(lo + 1, last)
+        a, b = float(v[lo]), float(v[hi])
+        out.append(a + (b - a) * (pos - lo))
+    return out
 
 
 _TAG_DIGEST = b"D"

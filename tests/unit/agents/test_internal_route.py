@@ -1,0 +1,102 @@
+"""``route``: validated events → per-partition columnar messages, and back."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tailguard.agents.internal import decode_groups, partition_for, route, series_key
+from tailguard.schemas import InferenceEvent
+
+
+def event(
+    i: int, service: str, model: str, gaps: int = 3, host: str | None = None
+) -> InferenceEvent:
+    return InferenceEvent(
+        event_id=f"e{i}",
+        ts_ms=1_700_000_000_000 + i,
+        service=service,
+        model=model,
+        status="ok",
+        e2e_ms=100.0 + i,
+        ttft_ms=10.0 + i,
+        output_tokens=gaps + 1,
+        itl_ms=[float(g) for g in range(gaps)],
+        trace_id=f"{i:032x}",
+        host=host,
+        gpu_ids=[i % 2] if host else None,
+    )
+
+
+def unpack(messages: list[tuple[int, bytes]]) -> dict[str, list[tuple[str, int, int]]]:
+    """series key → [(event hash-free id, partition, offset)] in the order forwarded."""
+    out: dict[str, list[tuple[float, int, int]]] = {}
+    for partition, value in messages:
+        groups = decode_groups(value)
+        for g, series in enumerate(groups.series):
+            key = series_key(*series)
+            assert partition_for(key, 4) == partition
+            lo, hi = int(groups.bounds[g]), int(groups.bounds[g + 1])
+            cols = groups.cols
+            out.setdefault(key, []).extend(
+                zip(
+                    cols.e2e[lo:hi].tolist(),
+                    cols.part[lo:hi].tolist(),
+                    cols.offset[lo:hi].tolist(),
+                    strict=True,
+                )
+            )
+    return out  # type: ignore[return-value]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    picks=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 30)), min_size=1, max_size=300),
+    budget=st.sampled_from([400, 2_000, 900_000]),
+)
+def test_every_event_is_forwarded_once_to_its_series_partition_in_input_order(
+    picks: list[tuple[int, int]], budget: int
+) -> None:
+    events, positions = [], []
+    for i, (s, gaps) in enumerate(picks):
+        events.append(event(i, f"svc{s % 3}", f"m{s // 3}", gaps=gaps))
+        positions.append(((i // 3) % 2, i // 3))  # three consecutive events per input message
+    messages = route(events, positions, 4, max_bytes=budget)
+    got = unpack(messages)
+    expected: dict[str, list[tuple[float, int, int]]] = {}
+    for ev, (p, o) in zip(events, positions, strict=True):
+        key = series_key(ev.service, ev.model, ev.variant, ev.tenant)
+        expected.setdefault(key, []).append((ev.e2e_ms, p, o))
+    assert got == expected
+    # A series is cut only between input messages: all its events of one input
+    # message travel in one forwarded message.
+    where: dict[tuple[str, int, int], int] = {}
+    for n, (_, value) in enumerate(messages):
+        groups = decode_groups(value)
+        for g, series in enumerate(groups.series):
+            lo, hi = int(groups.bounds[g]), int(groups.bounds[g + 1])
+            for p, o in zip(
+                groups.cols.part[lo:hi].tolist(), groups.cols.offset[lo:hi].tolist(), strict=True
+            ):
+                assert where.setdefault((series_key(*series), p, o), n) == n
+
+
+def test_gpus_travel_with_their_series_group() -> None:
+    events = [event(i, "svc", "m", host="gpu-node-07") for i in range(4)]
+    events.append(event(9, "other", "m"))
+    messages = route(events, [(0, i) for i in range(5)], 1)
+    ((_, value),) = messages
+    groups = decode_groups(value)
+    g = groups.series.index(("svc", "m", "default", "default"))
+    assert sorted((gg, h, gpu) for gg, h, gpu, _ in groups.gpus) == [
+        (g, "gpu-node-07", 0),
+        (g, "gpu-node-07", 1),
+    ]
+    newest = {gpu: ts for _, _, gpu, ts in groups.gpus}
+    assert newest == {0: events[2].ts_ms, 1: events[3].ts_ms}
+
+
+def test_a_corrupt_internal_record_is_refused() -> None:
+    ((_, value),) = route([event(1, "svc", "m")], [(0, 0)], 1)
+    with pytest.raises(ValueError):
+        decode_groups(value[:-5])
+    assert np.all(decode_groups(value).bounds == [0, 1])

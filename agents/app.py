@@ -31,6 +31,11 @@ def make_app(settings: Settings) -> faust.App:
         broker_commit_every=2_000,
         broker_commit_interval=1.0,
         stream_buffer_maxsize=8_192,
+        # The SLI agent holds its input unacknowledged until a checkpoint has
+        # stored what it folded in; waiting for those acks at a rebalance or
+        # shutdown would wait forever. Unacknowledged input is simply consumed
+        # again by whoever owns the partition next (idempotent per bucket).
+        stream_wait_empty=False,
         table_standby_replicas=0,
         # RocksDB is the source of truth on disk; faust's in-memory key index
         # only needs to remember which partition a key lives in.

@@ -54,12 +54,13 @@ def batches(events: list[dict[str, Any]], size: int) -> list[tuple[bytes, bytes]
 def latest_1h(records: list[dict[str, Any]], service: str) -> dict[str, Any] | None:
     best = None
     for r in records:
-        if r.get("window") == "1h" and r["series"]["service"] == service:
-            if best is None or (r["window_end_ms"], r["count"]) >= (
-                best["window_end_ms"],
-                best["count"],
-            ):
-                best = r
+        if r.get("window") != "1h" or r["series"]["service"] != service:
+            continue
+        if best is None or (r["window_end_ms"], r["count"]) >= (
+            best["window_end_ms"],
+            best["count"],
+        ):
+            best = r
     return best
 
 

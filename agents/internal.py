@@ -134,13 +134,17 @@ def route(
     group_part = np.array(
         [partition_for(series_key(*s), partitions) for s in series], dtype=np.int64
     )
-    gpus: dict[tuple[int, str, int], int] = {}
+    served: dict[tuple[int, str, tuple[int, ...]], int] = {}
     for g, ev in zip(gid.tolist(), events, strict=True):
         if ev.host and ev.gpu_ids:
-            for gpu in ev.gpu_ids:
-                key = (g, ev.host, gpu)
-                if ev.ts_ms > gpus.get(key, -1):
-                    gpus[key] = ev.ts_ms
+            placement = (g, ev.host, tuple(ev.gpu_ids))
+            if ev.ts_ms > served.get(placement, -1):
+                served[placement] = ev.ts_ms
+    gpus: dict[tuple[int, str, int], int] = {}
+    for (g, host, ids), ts in served.items():
+        for gpu in ids:
+            if ts > gpus.get((g, host, gpu), -1):
+                gpus[(g, host, gpu)] = ts
     cols = Columns.from_events(events, positions)
     order = np.argsort(gid, kind="stable")
     sg = gid[order]

@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -206,5 +207,10 @@ def main() -> None:
     print(json.dumps(summary, indent=2), flush=True)
 
 
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(f"stopped by signal {signum}")  # runs the finally blocks: no orphan worker
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _exit_on_term)
     main()

@@ -311,5 +311,10 @@ def main() -> None:
     print(json.dumps(result, indent=2), flush=True)
 
 
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(f"stopped by signal {signum}")  # runs the finally blocks: no orphan worker
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _exit_on_term)
     main()

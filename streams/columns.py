@@ -106,6 +106,7 @@ class Columns:
     offset: np.ndarray  # int64
     _itl_owner: np.ndarray | None = None
     _has_trace: np.ndarray | None = None
+    _itl_ends: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.ts.size)
@@ -166,22 +167,40 @@ class Columns:
             offset=offset,
         )
 
+    def slice(self, lo: int, hi: int) -> "Columns":
+        """Requests ``lo`` to ``hi`` (a cheap view: no copy of the gaps)."""
+        if self._itl_ends is None:
+            self._itl_ends = np.r_[0, np.cumsum(self.itl_len)]
+        g_lo, g_hi = int(self._itl_ends[lo]), int(self._itl_ends[hi])
+        return Columns(
+            ts=self.ts[lo:hi],
+            status=self.status[lo:hi],
+            e2e=self.e2e[lo:hi],
+            ttft=self.ttft[lo:hi],
+            tokens=self.tokens[lo:hi],
+            warmup=self.warmup[lo:hi],
+            itl=self.itl[g_lo:g_hi],
+            itl_len=self.itl_len[lo:hi],
+            ids=self.ids[lo:hi],
+            traces=self.traces[lo:hi],
+            part=self.part[lo:hi],
+            offset=self.offset[lo:hi],
+        )
+
     def take(self, index: np.ndarray) -> "Columns":
         """The requests at ``index`` (in that order)."""
         index = np.asarray(index, dtype=np.int64)
-        gap_mask = np.zeros(self.ts.size, dtype=np.bool_)
-        gap_mask[index] = True
-        if not np.all(np.diff(index) > 0):
-            # Out of order or repeated: gather gap runs one request at a time.
-            ends = np.cumsum(self.itl_len)
-            starts = ends - self.itl_len
-            itl = (
-                np.concatenate([self.itl[starts[i] : ends[i]] for i in index])
-                if index.size
-                else np.empty(0, dtype=np.float64)
-            )
+        if self._itl_ends is None:
+            self._itl_ends = np.r_[0, np.cumsum(self.itl_len)]
+        lens = self.itl_len[index]
+        total = int(lens.sum())
+        if total:
+            # Gap positions of each chosen request, concatenated, without a Python loop.
+            firsts = self._itl_ends[index]
+            shift = np.repeat(firsts - (np.cumsum(lens) - lens), lens)
+            itl = self.itl[shift + np.arange(total)]
         else:
-            itl = self.itl[gap_mask[self.itl_owner]]
+            itl = np.empty(0, dtype=np.float64)
         traces = self.traces
         return Columns(
             ts=self.ts[index],

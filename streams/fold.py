@@ -103,7 +103,7 @@ def fold_many(
     for gi in np.flatnonzero(~fresh).tolist():
         a, b = int(bounds[gi]), int(bounds[gi + 1])
         if b > a:
-            results[gi] = states[gi].add_columns(cols.take(np.arange(a, b)), closers[gi])
+            results[gi] = states[gi].add_columns(cols.slice(a, b), closers[gi])
     rows = np.flatnonzero(fresh[g_all])
     if rows.size == 0:
         return results

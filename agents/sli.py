@@ -26,11 +26,14 @@ depend only on the events, so a replay publishes the same ones (same
 ``event_id``).
 """
 
+import asyncio
 import hashlib
 import time
+import weakref
 from typing import Any
 
 import faust
+from faust.streams import _current_event
 from faust.types import TP
 from tailguard.agents.breaches import BreachEngine
 from tailguard.agents.internal import decode_groups, series_key
@@ -192,6 +195,9 @@ def register_sli(
 
     last_checkpoint: dict[int, float] = {}
     pending: dict[int, list[Any]] = {}
+    # Serialises the agent's batches with timer-driven checkpoints.
+    busy = asyncio.Lock()
+    acking: list[Any] = []  # the agent's manual-ack stream, once it runs
 
     async def checkpoint(stream: Any, partition: int) -> None:
         # Outputs first (a crash may then re-send, never lose), then state, then acks.
@@ -213,46 +219,72 @@ def register_sli(
     @app.agent(topics.series, name="tailguard.sli")
     async def sli(stream: faust.StreamT[bytes]) -> None:
         manual = stream.noack()
+        acking[:] = [manual]
         async for event in manual.events():
-            partition = event.message.partition
-            pending.setdefault(partition, []).append(event)
-            try:
-                groups = decode_groups(event.value)
-            except ValueError as exc:
-                # Only this worker writes the topic: a bad record is a bug or a
-                # foreign producer. Skip it loudly rather than stop the partition.
-                app.log.error("tailguard: skipping undecodable internal record: %s", exc)
-                stats.internal_errors += 1
+            async with busy:
+                await _process(manual, event)
+
+    async def _process(manual: Any, event: Any) -> None:
+        partition = event.message.partition
+        pending.setdefault(partition, []).append(event)
+        try:
+            groups = decode_groups(event.value)
+        except ValueError as exc:
+            # Only this worker writes the topic: a bad record is a bug or a
+            # foreign producer. Skip it loudly rather than stop the partition.
+            app.log.error("tailguard: skipping undecodable internal record: %s", exc)
+            stats.internal_errors += 1
+            return
+        outgoing: list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]] = []
+        states = []
+        closers = []
+        gpus_of: dict[int, list[tuple[str, int, int]]] = {}
+        for group, host, index, ts in groups.gpus:
+            gpus_of.setdefault(group, []).append((host, index, ts))
+        for i, series in enumerate(groups.series):
+            key = series_key(*series)
+            names[key] = series
+            if key not in specs:
+                specs[key] = engine.specs_for(series)
+            cached = store.get(key, partition)
+            cached.partition = partition
+            if i in gpus_of:
+                _note_gpus(cached, gpus_of[i])
+            states.append(cached.state)
+            closers.append(_closer(series, key, cached, specs[key], outgoing))
+            store.mark_unsaved(key, partition)
+            cached.dirty = True
+        results = fold_many(states, groups.cols, groups.bounds, closers)
+        for result in results:
+            stats.events_applied += result.accepted
+            stats.late += result.late
+            stats.duplicates += result.duplicates
+            stats.replayed += result.replayed
+        await send_all(outgoing)
+        since = time.monotonic() - last_checkpoint.setdefault(partition, time.monotonic())
+        if since >= settings.checkpoint_interval_s:
+            await checkpoint(manual, partition)
+
+    @app.timer(max(settings.checkpoint_interval_s / 2, 0.5), name="tailguard.sli.checkpoint")
+    async def checkpoint_quiet_partitions() -> None:
+        # A partition whose input stopped would otherwise hold its last batches
+        # unacknowledged (and show as lagging) until more input arrives. Table
+        # writes go to the partition of the *current event*: checkpoint under
+        # the newest held event of that partition.
+        for partition in list(pending):
+            held = pending.get(partition)
+            since = time.monotonic() - last_checkpoint.get(partition, 0.0)
+            if not held or not acking or since < settings.checkpoint_interval_s:
                 continue
-            outgoing: list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]] = []
-            states = []
-            closers = []
-            gpus_of: dict[int, list[tuple[str, int, int]]] = {}
-            for group, host, index, ts in groups.gpus:
-                gpus_of.setdefault(group, []).append((host, index, ts))
-            for i, series in enumerate(groups.series):
-                key = series_key(*series)
-                names[key] = series
-                if key not in specs:
-                    specs[key] = engine.specs_for(series)
-                cached = store.get(key, partition)
-                cached.partition = partition
-                if i in gpus_of:
-                    _note_gpus(cached, gpus_of[i])
-                states.append(cached.state)
-                closers.append(_closer(series, key, cached, specs[key], outgoing))
-                store.mark_unsaved(key, partition)
-                cached.dirty = True
-            results = fold_many(states, groups.cols, groups.bounds, closers)
-            for result in results:
-                stats.events_applied += result.accepted
-                stats.late += result.late
-                stats.duplicates += result.duplicates
-                stats.replayed += result.replayed
-            await send_all(outgoing)
-            since = time.monotonic() - last_checkpoint.setdefault(partition, time.monotonic())
-            if since >= settings.checkpoint_interval_s:
-                await checkpoint(manual, partition)
+            async with busy:
+                held = pending.get(partition)
+                if not held:
+                    continue
+                token = _current_event.set(weakref.ref(held[-1]))
+                try:
+                    await checkpoint(acking[0], partition)
+                finally:
+                    _current_event.reset(token)
 
     cursor = [0]
 

@@ -39,9 +39,17 @@ def register_ingest(app: faust.App, topics: Topics, settings: Settings, stats: W
             now = int(time.time() * 1000)
             valid: list[InferenceEvent] = []
             positions: list[tuple[int, int]] = []
+            taken: set[tuple[int, int]] = set()
             for event in events:
                 raw = event.value
                 msg = event.message
+                if (msg.partition, msg.offset) in taken:
+                    # Delivered twice in one batch (seen right after a takeover's
+                    # seek): forwarding both copies together would make the second
+                    # look like duplicate requests instead of a replay.
+                    stats.redelivered += 1
+                    continue
+                taken.add((msg.partition, msg.offset))
                 stats.messages += 1
                 decoded = decode(raw, "inference", now_ms=now, limits=limits)
                 if decoded.rejects:

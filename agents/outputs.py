@@ -14,6 +14,7 @@ input was acknowledged by the broker.
 import asyncio
 import logging
 import threading
+import time
 from typing import Any
 
 from confluent_kafka import KafkaException, Producer
@@ -65,9 +66,18 @@ class Outputs:
             self._producer.poll(0)
 
     async def flush(self, timeout_s: float = 60.0) -> None:
-        """Wait (off the event loop) until every record sent so far is delivered."""
-        loop = asyncio.get_running_loop()
-        left = await loop.run_in_executor(None, self._producer.flush, timeout_s)
+        """Wait, yielding to the event loop, until every record sent so far is delivered.
+
+        Polls instead of a blocking ``flush()`` in a thread: nothing else to
+        schedule, and a stalled broker cannot pin an executor thread.
+        """
+        deadline = time.monotonic() + timeout_s
+        producer = self._producer
+        producer.poll(0)
+        while len(producer) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+            producer.poll(0)
+        left = len(producer)
         with self._lock:
             failed, self._failed = self._failed, []
         if left or failed:

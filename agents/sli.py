@@ -292,7 +292,16 @@ def register_sli(
 
         @app.timer(settings.snapshot_interval_s, name="tailguard.sli.provisional")
         async def provisional() -> None:
-            if store.needs_warm and app.tables.recovery.completed.is_set():
+            # Only once this rebalance's changelog restore is done: during a
+            # rebalance ``recovery.completed`` may still be set from the previous
+            # one, and warming then would cache stale local state (found by the
+            # takeover test).
+            if (
+                store.needs_warm
+                and not app.rebalancing
+                and not getattr(app, "in_recovery", False)
+                and app.tables.recovery.completed.is_set()
+            ):
                 loaded = store.warm()
                 app.log.info("tailguard: loaded %d series from the tables", loaded)
             # Within a time budget, resuming next tick where this one stopped: with

@@ -22,6 +22,7 @@ class WorkerStats:
     checkpoints: int = 0
     state_writes: int = 0
     internal_errors: int = 0
+    redelivered: int = 0
     deadletters: Counter[str] = field(default_factory=Counter)
 
     def line(self) -> str:
@@ -31,5 +32,5 @@ class WorkerStats:
             f"messages={self.messages} valid={self.events_valid} applied={self.events_applied} "
             f"late={self.late} duplicates={self.duplicates} replayed={self.replayed} "
             f"deadletters={dl} snapshots={self.snapshots} checkpoints={self.checkpoints} "
-            f"state_writes={self.state_writes}"
+            f"state_writes={self.state_writes} redelivered={self.redelivered}"
         )

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -32,7 +32,13 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results" / "recovery.json"
 METRICS = ("ttft_ms", "e2e_ms", "itl_ms", "tpot_ms")
 PCTS = ("p50", "p90", "p95", "p99", "p999")
-#: Relative tolerance of percentiles against the reference run (see _compare_finals).
+#: Relative tolerance of percentiles against the reference run: none to speak of.
+#: The worker's sketches keep up to 256 values exactly and past that merge values
+#: into the t-digest in fixed chunks, so a digest does not depend on how the input
+#: was batched, and a replay after a crash rebuilds it bit for bit. (Measured: 0
+#: difference over 1,660 final snapshots. Before the chunking, at b6aaf24, two
+#: *uninterrupted* runs fed the same stream at once and over two minutes already
+#: differed by up to 2.8e-3 in ITL P50–P95, a minute holding ~2,300 gaps.)
 PCT_REL = 1e-9
 EVENTS_PER_MESSAGE = 200
 FEED_SECONDS = 130.0
@@ -191,11 +197,6 @@ def make_stream(
 # ------------------------------------------------------------------ reading --
 
 
-def series_key(sid: SeriesId) -> bytes:
-    """Key of a series on ``tailguard.internal.series`` (``service|model|variant|tenant``)."""
-    return f"{sid[0]}|{sid[1]}|default|default".encode()
-
-
 def sid_of(record: Record) -> SeriesId:
     return record["series"]["service"], record["series"]["model"]
 
@@ -246,17 +247,22 @@ def numbers(snap: Record) -> dict[str, Any]:
     return out
 
 
-def max_rel_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
-    worst = 0.0
+def pct_diff(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, list[str]]:
+    """Largest relative difference of two snapshots' percentiles, and those beyond
+    their tolerance."""
+    worst, beyond = 0.0, []
     for metric in METRICS:
         for p in PCTS:
             x, y = a[metric][p], b[metric][p]
             if x is None or y is None:
                 if x != y:
-                    return float("inf")
+                    beyond.append(f"{metric}.{p}: {x} vs {y}")
                 continue
-            worst = max(worst, abs(x - y) / max(abs(y), 1e-12))
-    return worst
+            diff = abs(x - y) / max(abs(y), 1e-12)
+            worst = max(worst, diff)
+            if diff > PCT_REL:
+                beyond.append(f"{metric}.{p}: {x} vs {y}")
+    return worst, beyond
 
 
 def check_ground_truth(stream: Stream, records: list[Record], label: str) -> None:
@@ -315,9 +321,9 @@ def compare_finals(reference: list[Record], other: list[Record], label: str) -> 
                 assert have[field] == want[field], (label, key, field, have[field], want[field])
             for metric in METRICS:
                 assert have[metric]["count"] == want[metric]["count"], (label, key, metric)
-            diff = max_rel_diff(have, want)
+            diff, beyond = pct_diff(have, want)
             worst = max(worst, diff)
-            assert diff <= PCT_REL, (label, key, diff, have, want)
+            assert not beyond, (label, key, "percentiles differ", beyond)
     return len(ref), worst
 
 
@@ -371,7 +377,10 @@ def wait_all(
 
 
 class Feeder(threading.Thread):
-    """Produces messages in slices spread over ``seconds`` (a live stream), in order."""
+    """Produces messages in order, in 50 slices spread over ``seconds`` (a live stream).
+
+    The last ``held`` share waits for :attr:`release`, so that a test can be sure to
+    have done its damage while part of the stream is still to come."""
 
     def __init__(
         self,
@@ -379,9 +388,12 @@ class Feeder(threading.Thread):
         ns: Any,
         messages: list[tuple[bytes, bytes]],
         seconds: float,
+        held: float = 0.1,
     ) -> None:
         super().__init__(daemon=True)
         self.produce, self.ns, self.messages, self.seconds = produce, ns, messages, seconds
+        self.held = held
+        self.release = threading.Event()
         self.sent = 0
         self.error: BaseException | None = None
 
@@ -398,6 +410,9 @@ class Feeder(threading.Thread):
         t0 = time.monotonic()
         try:
             for k, i in enumerate(range(0, len(self.messages), step)):
+                if k >= slices * (1 - self.held) and not self.release.is_set():
+                    self.release.wait()
+                    t0 = time.monotonic() - (k + 1) * self.seconds / slices
                 chunk = self.messages[i : i + step]
                 self.produce(self.ns.broker, self.ns.topic("tailguard.inference"), chunk)
                 self.sent += len(chunk)
@@ -408,6 +423,7 @@ class Feeder(threading.Thread):
             self.error = exc
 
     def join(self, timeout: float | None = None) -> None:
+        self.release.set()
         super().join(timeout)
         if self.error is not None:
             raise AssertionError(f"feeding the stream failed: {self.error!r}")
@@ -446,49 +462,25 @@ def group_assignment(broker: str, group: str, topic: str) -> dict[str, set[int]]
     }
 
 
-def caught_up(ns: Any, group: str) -> bool:
-    """The group has committed every message of the input and internal series topics."""
+def series_backlog(ns: Any, group: str) -> tuple[int, int]:
+    """(messages of ``tailguard.internal.series`` not yet committed by the group, its size).
+
+    Only the internal topic: faust sometimes never commits an input partition whose
+    ingest moved in a rebalance (seen: committed offset unset, every message forwarded)."""
     consumer = Consumer(
         {"bootstrap.servers": ns.broker, "group.id": group, "enable.auto.commit": False}
     )
+    backlog = size = 0
     try:
-        for name in ("tailguard.inference", "tailguard.internal.series"):
-            tps = [TopicPartition(ns.topic(name), p) for p in range(ns.partitions)]
-            for tp in consumer.committed(tps, timeout=10):
-                _low, high = consumer.get_watermark_offsets(tp, timeout=10)
-                if high > 0 and tp.offset < high:
-                    return False
+        topic = ns.topic("tailguard.internal.series")
+        tps = [TopicPartition(topic, p) for p in range(ns.partitions)]
+        for tp in consumer.committed(tps, timeout=10):
+            _low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            backlog += high - max(tp.offset, 0)
+            size += high
     finally:
         consumer.close()
-    return True
-
-
-def read_keys(broker: str, topic: str) -> dict[bytes, int]:
-    """Every key of ``topic`` → its partition (reads the topic to its end)."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": broker,
-            "group.id": f"keys-{time.monotonic_ns()}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-    )
-    parts = AdminClient({"bootstrap.servers": broker}).list_topics(topic, timeout=10)
-    partitions = list(parts.topics[topic].partitions)
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    keys: dict[bytes, int] = {}
-    done: set[int] = set()
-    deadline = time.monotonic() + 60
-    while len(done) < len(partitions) and time.monotonic() < deadline:
-        for m in consumer.consume(1000, timeout=0.5):
-            if m.error():
-                if m.error().code() == KafkaError._PARTITION_EOF:
-                    done.add(m.partition())
-                    continue
-                raise AssertionError(str(m.error()))
-            keys[m.key()] = m.partition()
-    consumer.close()
-    return keys
+    return backlog, size
 
 
 def changelog_records(broker: str, app_id: str, partitions: set[int]) -> dict[str, int]:
@@ -553,8 +545,10 @@ def test_random_sigkills_lose_nothing_and_invent_nothing(
     sli = collector("tailguard.sli", ns=second_namespace)
     breaches = collector("tailguard.breaches", ns=second_namespace)
 
-    # The killed worker's input arrives as a live stream (~2 minutes), so that each
-    # kill lands while it is processing; the reference reads the same messages at once.
+    # The killed worker's input arrives as a live stream (~2 minutes; its last tenth
+    # only after the 5th kill), so that every kill lands mid-stream, most while the
+    # worker catches up on what arrived during its restart. The reference reads the
+    # same messages, in the same order per partition, all at once.
     feed = Feeder(produce, second_namespace, stream.messages, seconds=FEED_SECONDS).start()
     rng = random.Random(20240611)
     kills: list[dict[str, Any]] = []
@@ -581,6 +575,8 @@ def test_random_sigkills_lose_nothing_and_invent_nothing(
         )
         print(f"kill {len(kills)}: {kills[-1]}, fed {feed.sent} messages", flush=True)
         killed.start()
+        if len(kills) >= 5:
+            feed.release.set()
     feed.join()
     assert len(kills) >= 5, f"the stream ended before 5 kills: {kills}"
 
@@ -607,9 +603,9 @@ def test_random_sigkills_lose_nothing_and_invent_nothing(
     assert set(last_ref) == set(last_got) == set(stream.series)
     for sid in stream.series:
         assert last_got[sid]["window_end_ms"] == last_ref[sid]["window_end_ms"], sid
-        assert numbers(last_got[sid]) == numbers(last_ref[sid]) or (
-            max_rel_diff(numbers(last_got[sid]), numbers(last_ref[sid])) <= PCT_REL
-        ), sid
+        have, want = numbers(last_got[sid]), numbers(last_ref[sid])
+        assert all(have[f] == want[f] for f in ("count", "errors", "duplicates")), sid
+        assert not pct_diff(have, want)[1], (sid, pct_diff(have, want)[1])
 
     want = breach_transitions(ref_breaches.records)
     got = breach_transitions(breaches.records)
@@ -618,13 +614,18 @@ def test_random_sigkills_lose_nothing_and_invent_nothing(
     assert states[0] == "opened" and states[-1] == "resolved", states
     assert "page" in {t[6] for t in want if t[2] == "ttft-p99"}
     assert got == want, "\n".join(map(str, want)) + "\n----\n" + "\n".join(map(str, got))
-    print(
-        f"{len(kills)} kills; {compared} final snapshots equal "
-        f"(worst percentile diff {worst:.3g}); "
-        f"{len(want)} breach transitions ({len(breaches.records)} records) equal; "
-        f"{time.monotonic() - t0:.1f}s",
-        flush=True,
-    )
+    figures = {
+        "events": stream.events_total,
+        "series": len(stream.series),
+        "kills": kills,
+        "final_snapshots_equal": compared,
+        "worst_percentile_rel_diff": worst,
+        "breach_transitions_equal": len(want),
+        "breach_records_published": len(breaches.records),
+        "test_s": round(time.monotonic() - t0, 1),
+    }
+    print(f"random kills: {json.dumps(figures)}", flush=True)
+    save_results("random_kills", figures)
 
 
 def test_second_worker_takes_over_a_killed_workers_partitions(
@@ -655,21 +656,27 @@ def test_second_worker_takes_over_a_killed_workers_partitions(
     assert len({p for p, _ in positions}) == 2, "the series must span both input partitions"
     series_topic = namespace.topic("tailguard.internal.series")
 
+    progress: list[tuple[int, float]] = [(-1, 0.0)]
+
     def both_working(records: list[Record]) -> bool:
-        # Both hold partitions and the group has processed and committed the whole
-        # first half. (Not judged from the snapshots: a series whose partition moved
-        # in a rebalance may not be republished until new input arrives.)
+        # Both hold partitions, and the first half has been forwarded and applied:
+        # the internal topic is fully committed and has not grown for 5 s. (Not
+        # judged from the snapshots: a series whose partition moved in a rebalance
+        # may not be republished until new input arrives.)
         members = group_assignment(namespace.broker, namespace.app_id, series_topic)
+        backlog, size = series_backlog(namespace, namespace.app_id)
+        if size != progress[-1][0]:
+            progress.append((size, time.monotonic()))
         return (
             len(members) == 2
             and all(members.values())
             and counted_total(records) > 0
-            and caught_up(namespace, namespace.app_id)
+            and backlog == 0
+            and time.monotonic() - progress[-1][1] > 5
         )
 
     wait_all([sli], both_working, [a, b], timeout=300)
     before = group_assignment(namespace.broker, namespace.app_id, series_topic)
-    owner_of = read_keys(namespace.broker, series_topic)
 
     a.kill()
     killed_at = time.monotonic()
@@ -677,6 +684,8 @@ def test_second_worker_takes_over_a_killed_workers_partitions(
     seen = len(sli.records)
     produce(namespace.broker, namespace.topic("tailguard.inference"), stream.messages[half:])
     resumed: dict[SeriesId, float] = {}
+    alone_s: float | None = None  # when the group has only the survivor left
+    last_poll = 0.0
     last_state: Any = None
     changed = time.monotonic()
     deadline = killed_at + 420
@@ -689,7 +698,11 @@ def test_second_worker_takes_over_a_killed_workers_partitions(
             if r["ts_ms"] > killed_ms:
                 resumed.setdefault(sid_of(r), now)
         seen = len(sli.records)
-        if complete(stream)(sli.records):
+        if alone_s is None and time.monotonic() - last_poll > 1:
+            last_poll = time.monotonic()
+            if len(group_assignment(namespace.broker, namespace.app_id, series_topic)) == 1:
+                alone_s = time.monotonic() - killed_at
+        if complete(stream)(sli.records) and alone_s is not None:
             break
         assert b.alive(), f"the survivor died:\n{b.log_tail()}"
         # Everything resumed but counts stay short: the assertions below say what is missing.
@@ -710,8 +723,14 @@ def test_second_worker_takes_over_a_killed_workers_partitions(
     (gone,) = set(before) - {survivor}
     orphaned = before[gone]
     assert after[survivor] == orphaned | before[survivor], (before, after)
-    orphans = {sid for sid in stream.series if owner_of[series_key(sid)] in orphaned}
+    # The killed worker's series are those that published nothing between the kill
+    # and the rebalance that handed their partitions to the survivor (its own series
+    # go on at once: the second half of the stream arrives right after the kill).
+    assert alone_s is not None
+    orphans = {sid for sid, t in resumed.items() if t >= alone_s - 1}
+    assert set(resumed) == set(stream.series), sorted(set(stream.series) - set(resumed))
     assert orphans, "the killed worker owned no series: nothing was taken over"
+    assert len(orphans) < len(stream.series), "the survivor published nothing of its own"
 
     restored = changelog_records(namespace.broker, namespace.app_id, orphaned)
     figures = {
@@ -719,6 +738,7 @@ def test_second_worker_takes_over_a_killed_workers_partitions(
         "series": len(stream.series),
         "series_taken_over": len(orphans),
         "partitions_taken_over": sorted(orphaned),
+        "kill_to_rebalance_s": round(alone_s, 1),
         "takeover_first_output_s": round(min(resumed[sid] for sid in orphans), 1),
         "takeover_all_series_s": round(max(resumed[sid] for sid in orphans), 1),
         "survivor_own_series_first_output_s": round(

@@ -134,6 +134,12 @@ class BreachEngine:
             self.state_table[skey] = self._states.pop(skey)
         return len(keys)
 
+    def forget_partitions(self, partitions: set[int]) -> None:
+        """Drop unwritten states of partitions that moved away (their input is replayed)."""
+        for partition in partitions:
+            for skey in self._unsaved.pop(partition, set()):
+                self._states.pop(skey, None)
+
     def forget_all(self) -> None:
         """Partitions moved: drop unwritten states (their input will be replayed)."""
         self._states.clear()

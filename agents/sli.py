@@ -36,7 +36,7 @@ import faust
 from faust.streams import _current_event
 from faust.types import TP
 from tailguard.agents.breaches import BreachEngine
-from tailguard.agents.internal import decode_groups, series_key
+from tailguard.agents.internal import decode_groups, partition_for, series_key
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
@@ -143,6 +143,7 @@ def register_sli(
     """Attach the SLI agent, its provisional-snapshot timer and the rebalance hook."""
     names: dict[str, tuple[str, str, str, str]] = {}
     sli_topic = topics.sli.get_topic_name()
+    internal_topic = topics.series.get_topic_name()
     breach_topic = topics.breaches.get_topic_name()
     specs: dict[str, list[Any]] = {}
 
@@ -302,7 +303,7 @@ def register_sli(
                 and not getattr(app, "in_recovery", False)
                 and app.tables.recovery.completed.is_set()
             ):
-                loaded = store.warm()
+                loaded = store.warm(lambda key: partition_for(key, settings.partitions))
                 app.log.info("tailguard: loaded %d series from the tables", loaded)
             # Within a time budget, resuming next tick where this one stopped: with
             # thousands of busy series a full pass would starve the agents.
@@ -325,15 +326,21 @@ def register_sli(
                     break
             cursor[0] = start + done
 
-    @app.on_partitions_revoked.connect
-    async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
-        # Partitions may come back or go elsewhere: drop the cache, the unwritten
-        # state and the unacknowledged input (it will be consumed again, by
-        # whoever owns it now) and let the next timer tick reload what this
-        # worker still owns from the tables.
-        store.forget_all()
-        engine.forget_all()
-        pending.clear()
-        last_checkpoint.clear()
+    @app.on_partitions_assigned.connect
+    async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
+        # faust revokes every partition at a rebalance, then assigns. A partition
+        # this worker keeps goes on from where its consumer was (faust does not
+        # seek it back), so its in-memory state and held input must be kept: only
+        # what moved elsewhere is dropped (its new owner replays it from the
+        # last checkpoint). Then the next timer tick loads what is new to us.
+        mine = {tp.partition for tp in assigned if tp.topic == internal_topic}
+        gone = (set(pending) | set(last_checkpoint) | store.partitions()) - mine
+        if gone:
+            store.forget_partitions(gone)
+            engine.forget_partitions(gone)
+            for partition in gone:
+                pending.pop(partition, None)
+                last_checkpoint.pop(partition, None)
+        store.needs_warm = True
 
     return sli

@@ -118,7 +118,7 @@ class SeriesStore:
                 self.save(key, cached.state.take_changes())
         return len(keys)
 
-    def warm(self) -> int:
+    def warm(self, partition_of: Callable[[str], int]) -> int:
         """Load every series of the partitions this worker owns (after start or a rebalance).
 
         Without it a restarted worker that has nothing new to consume would never
@@ -128,7 +128,7 @@ class SeriesStore:
         for raw in list(self._meta.keys()):
             key = raw.decode() if isinstance(raw, bytes) else str(raw)
             if key not in self._cache:
-                self.get(key, partition=-1).dirty = True
+                self.get(key, partition=partition_of(key)).dirty = True
                 loaded += 1
         self.needs_warm = False
         return loaded
@@ -140,11 +140,17 @@ class SeriesStore:
         self.needs_warm = True
 
     def forget_partitions(self, partitions: set[int]) -> int:
-        """Drop cached series of revoked partitions; returns how many were dropped."""
+        """Drop cached series (and unwritten changes) of partitions that moved away."""
         gone = [k for k, v in self._cache.items() if v.partition in partitions]
         for key in gone:
             del self._cache[key]
+        for partition in partitions:
+            self._unsaved.pop(partition, None)
         return len(gone)
+
+    def partitions(self) -> set[int]:
+        """Partitions of the cached series."""
+        return {v.partition for v in self._cache.values()}
 
     def items(self) -> list[tuple[str, CachedSeries]]:
         return list(self._cache.items())

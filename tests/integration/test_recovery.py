@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import threading
 import time
@@ -368,6 +369,10 @@ def wait_all(
         for w in workers:
             if not w.alive():
                 raise AssertionError(f"worker died:\n{w.log_tail()}")
+    for w in workers:
+        if w.alive() and w.proc is not None:
+            w.proc.send_signal(signal.SIGUSR1)  # mode dumps every task's stack
+    time.sleep(2)
     tails = "\n".join(f"--- {w.log_path.name}\n{w.log_tail(150)}" for w in workers)
     raise AssertionError(
         f"timed out after {timeout}s: "

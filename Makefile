@@ -20,7 +20,7 @@ TEST_ENV    := TAILGUARD_STATE_DIR=$(TEST_STATE) TAILGUARD_KAFKA_PORT=$(TEST_POR
 help:
 	@echo "make demo        broker + worker + simulator with incidents, live SLI table, report"
 	@echo "make test        install, start a test broker, run the whole suite, stop the broker"
-	@echo "make bench       throughput + burst benchmarks -> bench/results/{throughput,burst}.json"
+	@echo "make bench       hot-path, throughput and burst benchmarks -> bench/results/*.json"
 	@echo "make kafka-up    start the local Kafka broker (KRaft, Java 17, Maven jars)"
 	@echo "make kafka-down  stop it"
 	@echo "make unit        unit tests only (no broker)"
@@ -75,7 +75,8 @@ test: install
 
 bench: install
 	@$(TEST_ENV) $(KAFKA) up
-	@status=0; TAILGUARD_BROKER=$(TEST_BROKER) $(BIN)/python -m bench.throughput && \
+	@status=0; $(BIN)/python -m bench.hotpath && \
+		TAILGUARD_BROKER=$(TEST_BROKER) $(BIN)/python -m bench.throughput && \
 		TAILGUARD_BROKER=$(TEST_BROKER) $(BIN)/python -m bench.burst || status=$$?; \
 		$(TEST_ENV) $(KAFKA) down; exit $$status
 

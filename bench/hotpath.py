@@ -1,0 +1,88 @@
+"""Per-stage cost of the hot path, without Kafka: where a worker's time per event goes.
+
+    python -m bench.hotpath               (make bench runs it too)
+
+Feeds the benchmark's own messages (10,000 series, 200 events a message)
+through each stage in-process, two batches of 100,000 events (the second
+is timed, so buckets exist as in steady state), and writes
+``bench/results/hotpath.json`` with events/s and µs per event per stage:
+
+- ``decode``: JSON → validated ``InferenceEvent`` (msgspec + bad-input checks);
+- ``route``: columns, grouping by series, packing per internal partition;
+- ``fold``: decoding those messages and ``fold_many`` into the windows;
+- ``checkpoint_bytes``: serialising every changed series (``take_changes``).
+"""
+
+import gc
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+from tailguard.agents.internal import decode_groups, route
+from tailguard.schemas import Limits, decode
+from tailguard.streams import RingConfig, SeriesWindows
+from tailguard.streams.fold import fold_many
+
+from bench.throughput import make_messages
+
+REPO = Path(__file__).resolve().parents[1]
+BATCH = 500  # input messages per ingest batch (the worker's default)
+
+
+def main() -> None:
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
+    msgs = make_messages(2 * BATCH * 200, 10_000)[: 2 * BATCH]
+    now = int(time.time() * 1000)
+    limits = Limits()
+    states: dict[tuple[str, str, str, str], SeriesWindows] = {}
+    timings: dict[str, float] = {}
+    events = 0
+    for round_ in range(2):
+        batch = msgs[round_ * BATCH : (round_ + 1) * BATCH]
+        t0 = time.perf_counter()
+        valid, positions = [], []
+        for j, raw in enumerate(batch):
+            decoded = decode(raw, "inference", now_ms=now, limits=limits)
+            valid.extend(decoded.valid)
+            positions.extend([(j % 4, round_ * BATCH + j)] * len(decoded.valid))
+        t1 = time.perf_counter()
+        out = route(valid, positions, 4)
+        t2 = time.perf_counter()
+        for _, value in out:
+            groups = decode_groups(value)
+            series = [states.setdefault(s, SeriesWindows(RingConfig())) for s in groups.series]
+            fold_many(series, groups.cols, groups.bounds)
+        t3 = time.perf_counter()
+        for state in states.values():
+            state.take_changes()
+        t4 = time.perf_counter()
+        events = len(valid)
+        timings = {
+            "decode": t1 - t0,
+            "route": t2 - t1,
+            "fold": t3 - t2,
+            "checkpoint_bytes": t4 - t3,
+        }
+    stages = {
+        name: {"events_per_s": round(events / s), "us_per_event": round(s / events * 1e6, 2)}
+        for name, s in timings.items()
+    }
+    total = sum(timings.values())
+    result = {
+        "events": events,
+        "series": 10_000,
+        "stages": stages,
+        "all_stages_events_per_s": round(events / total),
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "command": "python -m bench.hotpath",
+    }
+    path = REPO / "bench" / "results" / "hotpath.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2), flush=True)
+
+
+if __name__ == "__main__":
+    main()

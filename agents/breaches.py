@@ -140,11 +140,6 @@ class BreachEngine:
             for skey in self._unsaved.pop(partition, set()):
                 self._states.pop(skey, None)
 
-    def forget_all(self) -> None:
-        """Partitions moved: drop unwritten states (their input will be replayed)."""
-        self._states.clear()
-        self._unsaved.clear()
-
     def payloads(
         self,
         transitions: list[Transition],

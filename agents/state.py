@@ -133,12 +133,6 @@ class SeriesStore:
         self.needs_warm = False
         return loaded
 
-    def forget_all(self) -> None:
-        """Drop the cache (partitions moved); :meth:`warm` reloads what is still ours."""
-        self._cache.clear()
-        self._unsaved.clear()
-        self.needs_warm = True
-
     def forget_partitions(self, partitions: set[int]) -> int:
         """Drop cached series (and unwritten changes) of partitions that moved away."""
         gone = [k for k, v in self._cache.items() if v.partition in partitions]

@@ -21,9 +21,6 @@ Reported (``bench/results/burst.json``):
 
 import json
 import os
-import platform
-import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,10 +34,10 @@ import numpy as np
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from bench.common import machine, run, worker_counters, write_result
 from tailguard.catalogue import catalogue
 from tailguard.kafka_admin import create_topics
 
-REPO = Path(__file__).resolve().parents[1]
 BROKER = os.environ.get("TAILGUARD_BROKER", "127.0.0.1:19092")
 BASE = int(os.environ.get("BURST_BASE", "1500"))
 FACTOR = 10
@@ -50,7 +47,6 @@ AFTER_MAX_S = 600.0
 SERIES = 2_000
 PER_MESSAGE = 100
 PARTITIONS = 4
-_STATS = re.compile(rb"applied=(\d+) late=(\d+)")
 
 
 def _committed_lag(admin: AdminClient, marks: Consumer, group: str, topic: str) -> int:
@@ -68,11 +64,6 @@ def _committed_lag(admin: AdminClient, marks: Consumer, group: str, topic: str) 
         for p in range(PARTITIONS)
     }
     return sum(max(ends[p] - committed.get(p, 0), 0) for p in range(PARTITIONS))
-
-
-def _applied(log_path: Path) -> int:
-    found = _STATS.findall(log_path.read_bytes()[-4096:])
-    return int(found[-1][0]) + int(found[-1][1]) if found else 0
 
 
 def main() -> None:
@@ -157,7 +148,7 @@ def main() -> None:
             producer.poll(0)
             if now >= next_sample:
                 next_sample = now + 0.5
-                applied = _applied(log_path)
+                applied = sum(worker_counters(log_path))
                 sample = {
                     "t": round(now, 2),
                     "rate": rate,
@@ -194,23 +185,13 @@ def main() -> None:
         "drain_s": None if drained_at is None else round(drained_at - burst_to, 1),
         "drained": drained_at is not None,
         "samples": samples[::4],
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "note": "broker, producer and worker share the machine",
-        },
+        "machine": machine("broker, producer and worker share the machine"),
         "command": "make bench",
     }
-    out = REPO / "bench" / "results" / "burst.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result("burst", result)
     summary = {k: v for k, v in result.items() if k != "samples"}
     print(json.dumps(summary, indent=2), flush=True)
 
 
-def _exit_on_term(signum: int, frame: object) -> None:
-    raise SystemExit(f"stopped by signal {signum}")  # runs the finally blocks: no orphan worker
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _exit_on_term)
-    main()
+    run(main)

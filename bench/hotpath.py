@@ -15,19 +15,16 @@ is timed, so buckets exist as in steady state), and writes
 
 import gc
 import json
-import os
-import platform
 import time
-from pathlib import Path
 
 from tailguard.agents.internal import decode_groups, route
 from tailguard.schemas import Limits, decode
 from tailguard.streams import RingConfig, SeriesWindows
 from tailguard.streams.fold import fold_many
 
+from bench.common import machine, write_result
 from bench.throughput import make_messages
 
-REPO = Path(__file__).resolve().parents[1]
 BATCH = 500  # input messages per ingest batch (the worker's default)
 
 
@@ -76,11 +73,10 @@ def main() -> None:
         "series": 10_000,
         "stages": stages,
         "all_stages_events_per_s": round(events / total),
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "machine": machine("in-process, no Kafka"),
         "command": "python -m bench.hotpath",
     }
-    path = REPO / "bench" / "results" / "hotpath.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    write_result("hotpath", result)
     print(json.dumps(result, indent=2), flush=True)
 
 

@@ -23,8 +23,6 @@ machines; the ratio to the ceiling is the figure to compare across runs.
 
 import json
 import os
-import platform
-import re
 import signal
 import subprocess
 import sys
@@ -40,10 +38,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from tailguard.schemas import InferenceEvent
 
+from bench.common import machine, run, worker_counters, write_result
 from tailguard.catalogue import catalogue
 from tailguard.kafka_admin import create_topics
 
-REPO = Path(__file__).resolve().parents[1]
 BROKER = os.environ.get("TAILGUARD_BROKER", "127.0.0.1:19092")
 EVENTS = int(os.environ.get("BENCH_EVENTS", "600000"))
 SERIES = int(os.environ.get("BENCH_SERIES", "10000"))
@@ -156,15 +154,6 @@ def _ready(log_path: Path) -> bool:
     return b"Ready" in log_path.read_bytes()
 
 
-_STATS = re.compile(rb"applied=(\d+) late=(\d+)")
-
-
-def _counters(log_path: Path) -> tuple[int, int]:
-    """(applied, late) from the worker's last counters line."""
-    found = _STATS.findall(log_path.read_bytes()[-4096:])
-    return (int(found[-1][0]), int(found[-1][1])) if found else (0, 0)
-
-
 def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
     """Run one worker over the pre-loaded topic; time it from ready to fully accounted."""
     sli_topic = prefix + "tailguard.sli"
@@ -225,7 +214,7 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
                 raise SystemExit(f"worker exited with {proc.returncode}; see {log_path}")
             if ready_at is None and _ready(log_path):
                 ready_at = time.perf_counter()
-            applied, late_total = _counters(log_path)
+            applied, late_total = worker_counters(log_path)
             if applied_at is None and applied + late_total >= main:
                 applied_at = time.perf_counter()
             for m in c.consume(5000, timeout=0.2):
@@ -299,22 +288,12 @@ def main() -> None:
         "peak_rss_mib": w["peak_rss_mib"],
         "worker_startup_s": round(w["startup_s"], 2),
         "event_time": f"{PER_MS * 1000} requests/s, then one closing request per series",
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "note": "broker, benchmark and worker share the machine",
-        },
+        "machine": machine("broker, benchmark and worker share the machine"),
         "command": "make bench",
     }
-    out = REPO / "bench" / "results" / "throughput.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result("throughput", result)
     print(json.dumps(result, indent=2), flush=True)
 
 
-def _exit_on_term(signum: int, frame: object) -> None:
-    raise SystemExit(f"stopped by signal {signum}")  # runs the finally blocks: no orphan worker
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _exit_on_term)
-    main()
+    run(main)

@@ -12,7 +12,7 @@ leaves Python loops only per touched bucket.
 It gives exactly what :meth:`SeriesWindows.add_columns` gives series by
 series (a property test compares the bytes): a series whose input might be a
 replay, or that has restored buckets waiting to be refilled, is handed to
-``add_columns`` (the request-by-request path) instead.
+the request-by-request path (``SeriesWindows._add_replay``) instead.
 """
 
 from collections.abc import Callable, Sequence
@@ -103,7 +103,7 @@ def fold_many(
     for gi in np.flatnonzero(~fresh).tolist():
         a, b = int(bounds[gi]), int(bounds[gi + 1])
         if b > a:
-            results[gi] = states[gi].add_columns(cols.slice(a, b), closers[gi])
+            results[gi] = states[gi]._add_replay(cols.slice(a, b), closers[gi])
     rows = np.flatnonzero(fresh[g_all])
     if rows.size == 0:
         return results
@@ -129,8 +129,11 @@ def fold_many(
         part = cols.part[rows]
         offset = cols.offset[rows]
         if late.any():
-            # Watermark met by each message with a late request (see
-            # SeriesWindows._remember_positions): rare, so a Python loop.
+            # Watermark met by each message with a late request: a replay is
+            # judged against it (SeriesWindows._add_replay). Without a note a
+            # replay is judged against its own requests only, which re-admits
+            # exactly what was admitted unless one was late the first time.
+            # Rare, so a Python loop.
             head = np.ones(rows.size, dtype=np.bool_)
             head[1:] = (g[1:] != g[:-1]) | (part[1:] != part[:-1]) | (offset[1:] != offset[:-1])
             run = np.cumsum(head) - 1

@@ -216,9 +216,9 @@ class SeriesWindows:
         """
         if len(cols) == 0:
             return AddResult()
-        if self._is_fresh(cols):
-            return self._add_fresh(cols, on_close)
-        return self._add_replay(cols, on_close)
+        from tailguard.streams.fold import fold_many  # fold imports this module
+
+        return fold_many([self], cols, [0, len(cols)], [on_close])[0]
 
     def _is_fresh(self, cols: Columns) -> bool:
         """No request of ``cols`` can be a replay, and no bucket awaits a refill."""
@@ -281,102 +281,6 @@ class SeriesWindows:
         history = self._wm_before
         while len(history) > _WM_HISTORY:
             del history[next(iter(history))]
-
-    def _add_fresh(self, cols: Columns, on_close: Callable[[int], None] | None) -> AddResult:
-        cfg = self.config
-        width = cfg.bucket_ms
-        result = AddResult()
-        ts = cols.ts
-        n = ts.size
-        wm0 = self.watermark_ms
-        floor = _NO_WATERMARK if wm0 is None else wm0
-        # The watermark each request meets: the newest event time before it.
-        judge = np.empty(n, dtype=np.int64)
-        judge[0] = floor
-        if n > 1:
-            np.maximum.accumulate(ts[:-1], out=judge[1:])
-            np.maximum(judge[1:], floor, out=judge[1:])
-        starts = ts - ts % width
-        late = starts + (width + cfg.allowed_lateness_ms) <= judge
-        with_positions = bool(cols.part[0] >= 0)
-        if with_positions:
-            self._remember_positions(cols, judge, late)
-        candidates = np.flatnonzero(~late)
-        result.late = n - int(candidates.size)
-        cand_starts = starts[candidates]
-        uniq, first = np.unique(cand_starts, return_index=True)
-        accepted_max = None
-        for start in uniq[np.argsort(first)].tolist():
-            members = candidates[cand_starts == start]
-            bucket = self.fine.get(start)
-            if bucket is None:
-                bucket = self._new_fine(start)
-            keep = members
-            ids = bucket.ids
-            if ids is not None:
-                hashes = cols.ids[members].tolist()
-                fresh = set(hashes)
-                if len(fresh) == len(hashes) and ids.isdisjoint(fresh):
-                    ids |= fresh
-                else:
-                    # Duplicates (of earlier requests, or within this batch): keep firsts.
-                    mask = np.ones(members.size, dtype=np.bool_)
-                    for j, h in enumerate(hashes):
-                        if h in ids:
-                            mask[j] = False
-                        else:
-                            ids.add(h)
-                    keep = members[mask]
-                    result.duplicates += int(members.size - keep.size)
-            else:
-                self._closed_cache.clear()  # a closed bucket changes: merged parts are stale
-            if with_positions:
-                parts = cols.part[members]
-                offsets = cols.offset[members]
-                for p in np.unique(parts).tolist():
-                    o = int(offsets[parts == p].max())
-                    if o > bucket.applied.get(p, -1):
-                        bucket.applied[p] = o
-            if keep.size:
-                bucket.absorb(cols, keep, cfg.max_centroids, self.thresholds)
-                result.accepted += int(keep.size)
-                top = int(ts[keep].max())
-                accepted_max = top if accepted_max is None else max(accepted_max, top)
-            self._touch(FINE, start)
-        self.late += result.late
-        self.duplicates += result.duplicates
-        if accepted_max is not None and (wm0 is None or accepted_max > wm0):
-            self.watermark_ms = accepted_max
-            if accepted_max >= self._due():
-                result.closed_ends.extend(self._advance(accepted_max, on_close))
-        return result
-
-    def _remember_positions(self, cols: Columns, judge: np.ndarray, late: np.ndarray) -> None:
-        """Note the newest offsets counted, and the watermark met by messages with late requests.
-
-        A replayed message is judged against the watermark it first met
-        (:meth:`_add_replay`); without a note it is judged against its own
-        requests only, which re-admits exactly what was admitted unless some
-        request was late the first time — so only those messages are noted.
-        """
-        part, offset = cols.part, cols.offset
-        if late.any():
-            head = np.ones(part.size, dtype=np.bool_)
-            head[1:] = (part[1:] != part[:-1]) | (offset[1:] != offset[:-1])
-            run = np.cumsum(head) - 1
-            heads = np.flatnonzero(head)[np.unique(run[late])]
-            history = self._wm_before
-            for p, o, w in zip(
-                part[heads].tolist(), offset[heads].tolist(), judge[heads].tolist(), strict=True
-            ):
-                if (p, o) not in history:
-                    history[(p, o)] = None if w == _NO_WATERMARK else w
-            self._trim_history()
-        counted = self._counted
-        for p in np.unique(part).tolist():
-            o = int(offset[part == p].max())
-            if o > counted.get(p, -1):
-                counted[p] = o
 
     def _add_replay(self, cols: Columns, on_close: Callable[[int], None] | None) -> AddResult:
         """Request by request: replays judged against the watermark they first met."""

@@ -1,0 +1,39 @@
+"""What every benchmark shares: the machine description, writing results, clean stops."""
+
+import json
+import os
+import platform
+import re
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+#: The worker's counters line (``TAILGUARD_STATS_INTERVAL_S`` sets how often it is logged).
+_STATS = re.compile(rb"applied=(\d+) late=(\d+)")
+
+
+def machine(note: str) -> dict[str, Any]:
+    return {"python": platform.python_version(), "cpus": os.cpu_count(), "note": note}
+
+
+def write_result(name: str, result: dict[str, Any]) -> None:
+    """``bench/results/<name>.json``."""
+    (REPO / "bench" / "results" / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+def worker_counters(log_path: Path) -> tuple[int, int]:
+    """(applied, late) from a worker's last counters line."""
+    found = _STATS.findall(log_path.read_bytes()[-4096:])
+    return (int(found[-1][0]), int(found[-1][1])) if found else (0, 0)
+
+
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(f"stopped by signal {signum}")  # runs the finally blocks: no orphan worker
+
+
+def run(main: Callable[[], None]) -> None:
+    """Run a benchmark's ``main`` so that SIGTERM (``timeout``) still stops its worker."""
+    signal.signal(signal.SIGTERM, _exit_on_term)
+    main()

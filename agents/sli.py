@@ -104,6 +104,7 @@ def snapshot_payload(
         "duplicates": state.duplicates,
         "exemplars": s.exemplars,
         **s.latency,
+        "stages_ms": s.stages,
     }
     if s.digests is not None:
         payload["digests"] = s.digests

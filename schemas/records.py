@@ -386,6 +386,15 @@ class SliSnapshot(_Output, kw_only=True):
     duplicates: Annotated[
         Count, Meta(description="Duplicate event_ids of the series so far (counted once).")
     ] = 0
+    stages_ms: Annotated[
+        dict[str, PercentileSummary],
+        Meta(
+            description=(
+                "Per-stage latency (the events' stages_ms, e.g. tokenize, queue, prefill, "
+                "decode) over the window; stages no request reported are absent."
+            )
+        ),
+    ] = {}
 
 
 class DeadLetter(_Output, kw_only=True):

@@ -17,12 +17,13 @@ from typing import Any
 
 import msgspec
 import numpy as np
+from tailguard.streams.attribution import FACTORS, MAX_STAGES, STAGE_PREFIX
 from tailguard.streams.columns import ERROR_CODES, Columns, event_hash
 from tailguard.streams.digest import DEFAULT_MAX_CENTROIDS, Sketch
 from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.sli import Thresholds
 
-__all__ = ["METRICS", "Bucket", "Counters", "event_hash"]
+__all__ = ["METRICS", "Bucket", "Counters", "add_stage", "event_hash", "stage_order"]
 
 #: The latency metrics every bucket keeps a digest of.
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
@@ -32,9 +33,38 @@ _ERROR_LO, _ERROR_HI = min(ERROR_CODES), max(ERROR_CODES)
 _EMPTY = np.empty(0, dtype=np.float64)
 
 
+_FACTOR_FIELDS = [
+    (f"f{i}_n", f"f{i}_bad", f"f{i}_ttft_n", f"f{i}_ttft_us") for i in range(len(FACTORS))
+]
+
+
+def stage_order(names: list[str]) -> list[int]:
+    """Column indexes of ``names`` in name order (the order stages join a bucket)."""
+    return sorted(range(len(names)), key=names.__getitem__)
+
+
+def add_stage(bucket: "Bucket", name: str, values: np.ndarray, max_centroids: int) -> None:
+    """Add one stage's values; a bucket keeps at most MAX_STAGES stages."""
+    sketch = bucket.digests.get(name)
+    if sketch is None:
+        stages = sum(1 for key in bucket.digests if key.startswith(STAGE_PREFIX))
+        if stages >= MAX_STAGES:
+            return
+        sketch = bucket.digests[name] = Sketch(max_centroids)
+    sketch.add(values)
+
+
 @dataclass(slots=True)
 class Counters:
-    """Exact per-bucket counts. ``requests`` excludes warm-up requests."""
+    """Exact per-bucket counts. ``requests`` excludes warm-up requests.
+
+    Besides the SLI counts: ``ttft_sum_us`` (TTFT sum, integer µs, so sums
+    are exact under any merge order) and, per cause flag ``i`` of
+    :data:`~tailguard.streams.attribution.FACTORS` over the ok requests,
+    ``fi_n`` (with the flag), ``fi_bad`` (with it and violating a latency
+    SLO), ``fi_ttft_n``/``fi_ttft_us`` (their TTFT count and sum). New
+    fields go at the end: state written before they existed restores with 0.
+    """
 
     requests: int = 0
     errors: int = 0
@@ -47,6 +77,19 @@ class Counters:
     e2e_total: int = 0
     e2e_good: int = 0
     good_requests: int = 0
+    ttft_sum_us: int = 0
+    f0_n: int = 0
+    f0_bad: int = 0
+    f0_ttft_n: int = 0
+    f0_ttft_us: int = 0
+    f1_n: int = 0
+    f1_bad: int = 0
+    f1_ttft_n: int = 0
+    f1_ttft_us: int = 0
+    f2_n: int = 0
+    f2_bad: int = 0
+    f2_ttft_n: int = 0
+    f2_ttft_us: int = 0
 
     def add(self, other: "Counters") -> None:
         # Unrolled: this runs for every bucket of every window merge.
@@ -61,28 +104,91 @@ class Counters:
         self.e2e_total += other.e2e_total
         self.e2e_good += other.e2e_good
         self.good_requests += other.good_requests
+        self.ttft_sum_us += other.ttft_sum_us
+        self.f0_n += other.f0_n
+        self.f0_bad += other.f0_bad
+        self.f0_ttft_n += other.f0_ttft_n
+        self.f0_ttft_us += other.f0_ttft_us
+        self.f1_n += other.f1_n
+        self.f1_bad += other.f1_bad
+        self.f1_ttft_n += other.f1_ttft_n
+        self.f1_ttft_us += other.f1_ttft_us
+        self.f2_n += other.f2_n
+        self.f2_bad += other.f2_bad
+        self.f2_ttft_n += other.f2_ttft_n
+        self.f2_ttft_us += other.f2_ttft_us
 
     def add_list(self, values: list[int]) -> None:
         """Add counts given in field order (see :meth:`as_list`)."""
-        (r, e, c, w, tt, tg, it, ig, et, eg, gr) = values
-        self.requests += r
-        self.errors += e
-        self.cancelled += c
-        self.warmup += w
-        self.ttft_total += tt
-        self.ttft_good += tg
-        self.itl_total += it
-        self.itl_good += ig
-        self.e2e_total += et
-        self.e2e_good += eg
-        self.good_requests += gr
+        (
+            v0,
+            v1,
+            v2,
+            v3,
+            v4,
+            v5,
+            v6,
+            v7,
+            v8,
+            v9,
+            v10,
+            v11,
+            v12,
+            v13,
+            v14,
+            v15,
+            v16,
+            v17,
+            v18,
+            v19,
+            v20,
+            v21,
+            v22,
+            v23,
+        ) = values
+        self.requests += v0
+        self.errors += v1
+        self.cancelled += v2
+        self.warmup += v3
+        self.ttft_total += v4
+        self.ttft_good += v5
+        self.itl_total += v6
+        self.itl_good += v7
+        self.e2e_total += v8
+        self.e2e_good += v9
+        self.good_requests += v10
+        self.ttft_sum_us += v11
+        self.f0_n += v12
+        self.f0_bad += v13
+        self.f0_ttft_n += v14
+        self.f0_ttft_us += v15
+        self.f1_n += v16
+        self.f1_bad += v17
+        self.f1_ttft_n += v18
+        self.f1_ttft_us += v19
+        self.f2_n += v20
+        self.f2_bad += v21
+        self.f2_ttft_n += v22
+        self.f2_ttft_us += v23
 
     def as_list(self) -> list[int]:
-        return [getattr(self, name) for name in self.__slots__]  # type: ignore[attr-defined]
+        return [getattr(self, name) for name in self.__slots__]
 
     @classmethod
     def from_list(cls, values: list[int]) -> "Counters":
         return cls(*values)
+
+    def add_factor(self, i: int, n: int, bad: int, ttft_n: int, ttft_us: int) -> None:
+        """Add counts of cause flag ``i`` (see :meth:`factor_row`)."""
+        names = _FACTOR_FIELDS[i]
+        values = (n, bad, ttft_n, ttft_us)
+        for name, value in zip(names, values, strict=True):
+            setattr(self, name, getattr(self, name) + value)
+
+    def factor_row(self, i: int) -> tuple[int, int, int, int]:
+        """``(n, bad, ttft_n, ttft_us)`` of cause flag ``i``."""
+        n, bad, ttft_n, ttft_us = (getattr(self, name) for name in _FACTOR_FIELDS[i])
+        return n, bad, ttft_n, ttft_us
 
 
 class _Wire(msgspec.Struct, array_like=True):
@@ -113,8 +219,8 @@ class Bucket:
     #: Highest input offset folded in, per input partition: replaying an input
     #: message whose events this bucket already holds is a no-op.
     applied: dict[int, int] = field(default_factory=dict)
-    #: Restored empty because its record was lost: accepts replayed input even
-    #: though the watermark says it is closed (never stored).
+    #: Restored empty because its record was lost: the series takes the
+    #: request-by-request replay path until the replay refilled it (never stored).
     refill: bool = False
 
     @classmethod
@@ -163,6 +269,9 @@ class Bucket:
         ttft = cols.ttft[ok]
         has_ttft = ~np.isnan(ttft)
         ttft_values = ttft[has_ttft]
+        ttft_us = np.zeros(n_ok, dtype=np.int64)
+        ttft_us[has_ttft] = np.rint(ttft_values * 1000.0).astype(np.int64)
+        c.ttft_sum_us += int(ttft_us.sum())
         tpot_values = _EMPTY
         if ttft_values.size:
             within = ttft <= thresholds.ttft_ms  # NaN compares False
@@ -183,6 +292,19 @@ class Bucket:
             c.itl_total += int(gaps.size)
             c.itl_good += int(np.count_nonzero(gaps <= thresholds.itl_ms))
         c.good_requests += int(np.count_nonzero(good))
+        flags = cols.factors[ok]
+        if flags.any():
+            bad = ~good
+            for i in range(len(FACTORS)):
+                flagged = (flags & (1 << i)) != 0
+                f_ttft = flagged & has_ttft
+                c.add_factor(
+                    i,
+                    int(np.count_nonzero(flagged)),
+                    int(np.count_nonzero(flagged & bad)),
+                    int(np.count_nonzero(f_ttft)),
+                    int(ttft_us[f_ttft].sum()),
+                )
         for name, values in (
             ("ttft_ms", ttft_values),
             ("tpot_ms", tpot_values),
@@ -194,6 +316,11 @@ class Bucket:
                 if sketch is None:
                     sketch = self.digests[name] = Sketch(max_centroids)
                 sketch.add(values)
+        for j in stage_order(cols.stage_names):
+            column = cols.stages[ok, j]
+            column = column[~np.isnan(column)]
+            if column.size:
+                add_stage(self, STAGE_PREFIX + cols.stage_names[j], column, max_centroids)
         traced = cols.has_trace[ok]
         if traced.any():
             slow_e2e = e2e[traced]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import msgspec
 import numpy as np
+from tailguard.streams.attribution import MAX_STAGE_NAME, MAX_STAGES, factor_flags
 from tailguard.streams.sli import LatencyEvent
 
 __all__ = [
@@ -64,6 +65,42 @@ def event_hashes(event_ids: Sequence[str]) -> np.ndarray:
     return h
 
 
+def _stage_matrix(events: Sequence[LatencyEvent]) -> tuple[list[str], np.ndarray]:
+    """Stage names (first seen first, at most MAX_STAGES) and the (n, k) latency matrix."""
+    index: dict[str, int] = {}
+    cells: list[tuple[int, int, float]] = []
+    for i, ev in enumerate(events):
+        stages = getattr(ev, "stages_ms", None)
+        if not stages:
+            continue
+        for name, ms in stages.items():
+            j = index.get(name)
+            if j is None:
+                if len(index) >= MAX_STAGES or len(name) > MAX_STAGE_NAME:
+                    continue
+                j = index[name] = len(index)
+            cells.append((i, j, ms))
+    out = np.full((len(events), len(index)), np.nan, dtype=np.float64)
+    if cells:
+        rows, cols, values = zip(*cells, strict=True)
+        out[list(rows), list(cols)] = values
+    return list(index), out
+
+
+def _stages_from(raw: bytes, k: int) -> np.ndarray | None:
+    """The (n, k) stage matrix of the wire; None (no stages) when ``k`` is 0."""
+    values = np.frombuffer(raw, dtype=np.float64)
+    if k == 0:
+        if values.size:
+            msg = "stage values without stage names"
+            raise ValueError(msg)
+        return None
+    if values.size % k:
+        msg = "stage values do not fill the stage columns"
+        raise ValueError(msg)
+    return values.reshape(-1, k)
+
+
 def event_hash(event_id: str) -> int:
     """The hash of one event id (see :func:`event_hashes`)."""
     return int(event_hashes([event_id])[0])
@@ -82,6 +119,9 @@ class _Wire(msgspec.Struct, array_like=True):
     traces: list[str]
     part: bytes
     offset: bytes
+    factors: bytes = b""
+    stage_names: list[str] = []
+    stages: bytes = b""
 
 
 @dataclass(slots=True)
@@ -90,6 +130,9 @@ class Columns:
 
     ``part``/``offset`` are the input position (partition, offset) of the
     message each request came in (−1 when unknown: no replay protection).
+    ``factors`` holds each request's cause flags and ``stages`` its stage
+    latencies, one column per name of ``stage_names`` (NaN: not reported);
+    see :mod:`~tailguard.streams.attribution`.
     """
 
     ts: np.ndarray  # int64
@@ -104,9 +147,21 @@ class Columns:
     traces: list[str]
     part: np.ndarray  # int64
     offset: np.ndarray  # int64
+    factors: np.ndarray = None  # type: ignore[assignment]  # uint8; None → no flags
+    stage_names: list[str] = None  # type: ignore[assignment]
+    stages: np.ndarray = None  # type: ignore[assignment]  # float64 (n, len(stage_names))
     _itl_owner: np.ndarray | None = None
     _has_trace: np.ndarray | None = None
     _itl_ends: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n = self.ts.size
+        if self.factors is None:
+            self.factors = np.zeros(n, dtype=np.uint8)
+        if self.stage_names is None:
+            self.stage_names = []
+        if self.stages is None:
+            self.stages = np.empty((n, len(self.stage_names)), dtype=np.float64)
 
     def __len__(self) -> int:
         return int(self.ts.size)
@@ -142,6 +197,7 @@ class Columns:
             part = np.fromiter((p for p, _ in positions), dtype=np.int64, count=n)
             offset = np.fromiter((o for _, o in positions), dtype=np.int64, count=n)
         codes = STATUS_CODES
+        stage_names, stages = _stage_matrix(events)
         return cls(
             ts=np.fromiter((ev.ts_ms for ev in events), dtype=np.int64, count=n),
             status=np.fromiter(
@@ -165,6 +221,9 @@ class Columns:
             traces=[ev.trace_id or "" for ev in events],
             part=part,
             offset=offset,
+            factors=factor_flags(events),
+            stage_names=stage_names,
+            stages=stages,
         )
 
     def slice(self, lo: int, hi: int) -> "Columns":
@@ -185,6 +244,9 @@ class Columns:
             traces=self.traces[lo:hi],
             part=self.part[lo:hi],
             offset=self.offset[lo:hi],
+            factors=self.factors[lo:hi],
+            stage_names=self.stage_names,
+            stages=self.stages[lo:hi],
         )
 
     def take(self, index: np.ndarray) -> "Columns":
@@ -215,6 +277,9 @@ class Columns:
             traces=[traces[i] for i in index.tolist()],
             part=self.part[index],
             offset=self.offset[index],
+            factors=self.factors[index],
+            stage_names=self.stage_names,
+            stages=self.stages[index],
         )
 
     # ------------------------------------------------------------------ wire
@@ -232,6 +297,9 @@ class Columns:
             traces=self.traces,
             part=self.part.astype(np.int32, copy=False).tobytes(),
             offset=self.offset.astype(np.int64, copy=False).tobytes(),
+            factors=self.factors.astype(np.uint8, copy=False).tobytes(),
+            stage_names=self.stage_names,
+            stages=np.ascontiguousarray(self.stages, dtype=np.float64).tobytes(),
         )
 
     @classmethod
@@ -250,11 +318,17 @@ class Columns:
             traces=w.traces,
             part=np.frombuffer(w.part, dtype=np.int32).astype(np.int64),
             offset=np.frombuffer(w.offset, dtype=np.int64),
+            factors=np.frombuffer(w.factors, dtype=np.uint8) if w.factors else None,  # type: ignore[arg-type]
+            stage_names=list(w.stage_names),
+            stages=_stages_from(w.stages, len(w.stage_names)),  # type: ignore[arg-type]
         )
         n = c.ts.size
         sizes = [
             a.size for a in (c.status, c.e2e, c.ttft, c.tokens, c.warmup, c.itl_len, c.ids, c.part)
         ]
+        if c.factors.size != n or c.stages.shape != (n, len(c.stage_names)):
+            msg = "column lengths disagree"
+            raise ValueError(msg)
         if any(s != n for s in sizes) or len(c.traces) != n or c.offset.size != n:
             msg = "column lengths disagree"
             raise ValueError(msg)

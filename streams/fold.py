@@ -18,7 +18,8 @@ the request-by-request path (``SeriesWindows._add_replay``) instead.
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from tailguard.streams.bucket import EXEMPLARS, Bucket
+from tailguard.streams.attribution import FACTORS, STAGE_PREFIX
+from tailguard.streams.bucket import EXEMPLARS, Bucket, add_stage, stage_order
 from tailguard.streams.columns import ERROR_CODES, Columns
 from tailguard.streams.digest import Sketch
 from tailguard.streams.ring import FINE, AddResult, SeriesWindows
@@ -41,6 +42,11 @@ def _reduce_by(
     sk = keys[order]
     cut = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
     return sk[cut], ufunc.reduceat(values[order], cut)
+
+
+def _sum_by(keys: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Exact integer sums of integer-valued ``values`` per key (float64 is exact below 2**53)."""
+    return np.bincount(keys, weights=values, minlength=n).astype(np.int64)
 
 
 def _group_ids(bounds: np.ndarray) -> np.ndarray:
@@ -295,6 +301,21 @@ def _absorb_all(
         gaps = np.empty(0, dtype=np.float64)
         itl_total = itl_good = np.zeros(n_b, dtype=np.int64)
 
+    ttft_us = np.zeros(src.size, dtype=np.float64)
+    ttft_us[has_ttft] = np.rint(ttft[has_ttft] * 1000.0)
+    bad = ok & ~good
+    factor_columns = []
+    for i in range(len(FACTORS)):
+        flagged = (cols.factors[src] & (1 << i)) != 0
+        f_ok = ok & flagged
+        f_ttft = has_ttft & flagged
+        factor_columns += [
+            per_bucket(f_ok),
+            per_bucket(bad & flagged),
+            per_bucket(f_ttft),
+            _sum_by(ab[f_ttft], ttft_us[f_ttft], n_b),
+        ]
+
     table = np.stack(
         [
             per_bucket(live),  # requests
@@ -308,6 +329,8 @@ def _absorb_all(
             per_bucket(e2e_in),
             per_bucket(e2e_good),
             per_bucket(good),
+            _sum_by(ab[has_ttft], ttft_us[has_ttft], n_b),
+            *factor_columns,
         ],
         axis=1,
     ).tolist()
@@ -321,6 +344,13 @@ def _absorb_all(
         counts = per_bucket(mask)
         metrics.append((name, values[mask], np.r_[0, np.cumsum(counts)]))
     metrics.append(("itl_ms", gaps, np.r_[0, np.cumsum(itl_total)]))
+    stage_metrics = []
+    for j in stage_order(cols.stage_names):
+        column = cols.stages[src, j]
+        mask = ok & ~np.isnan(column)
+        if mask.any():
+            off = np.r_[0, np.cumsum(per_bucket(mask))]
+            stage_metrics.append((STAGE_PREFIX + cols.stage_names[j], column[mask], off))
 
     # Exemplar candidates: per bucket the requests that can make its top EXEMPLARS.
     traced = ok & cols.has_trace[src]
@@ -354,6 +384,10 @@ def _absorb_all(
                 if sketch is None:
                     sketch = bucket.digests[name] = Sketch(max_centroids)
                 sketch.add(values[lo:hi])
+        for name, values, off in stage_metrics:
+            lo, hi = off[b], off[b + 1]
+            if hi > lo:
+                add_stage(bucket, name, values[lo:hi], max_centroids)
         found = ex.get(b)
         if found:
             bucket.merge_exemplars(found)

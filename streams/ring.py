@@ -331,11 +331,10 @@ class SeriesWindows:
                     if judge is None or ts > judge:
                         judge = ts  # it was accepted the first time: it moved the watermark
                     continue
-            if (
-                judge is not None
-                and start + width + lateness <= judge
-                and not (bucket is not None and bucket.refill)
-            ):
+            # No exemption for a bucket awaiting a refill: a replay is judged against
+            # the watermark its message first met, so it re-admits exactly what the
+            # first pass admitted, and a request late the first time stays late.
+            if judge is not None and start + width + lateness <= judge:
                 if tally:
                     result.late += 1
                     if with_positions and current not in history:

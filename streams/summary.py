@@ -9,9 +9,10 @@
   (DistServe; vLLM ``--goodput``).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from tailguard.streams.attribution import STAGE_PREFIX
 from tailguard.streams.bucket import METRICS, Bucket
 from tailguard.streams.digest import to_tdigest_dict
 from tailguard.streams.sli import Thresholds
@@ -44,6 +45,8 @@ class WindowSummary:
     latency: dict[str, dict[str, float | int | None]]
     exemplars: list[str]
     digests: dict[str, dict[str, Any]] | None = None
+    #: Per-stage percentiles (``stages_ms`` of the events), by stage name.
+    stages: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
 
 
 def _ratio(good: int, total: int) -> float:
@@ -64,6 +67,13 @@ def summarize(
         values = sketch.quantiles(qs) if sketch is not None and n else [None] * len(qs)
         row.update(zip(PERCENTILES, values, strict=True))
         latency[metric] = row
+    stages: dict[str, dict[str, float | int | None]] = {}
+    for name in sorted(bucket.digests):
+        if name.startswith(STAGE_PREFIX):
+            sketch = bucket.digests[name]
+            row = {"count": sketch.n_values}
+            row.update(zip(PERCENTILES, sketch.quantiles(qs), strict=True))
+            stages[name[len(STAGE_PREFIX) :]] = row
     ttft_c = _ratio(c.ttft_good, c.ttft_total)
     itl_c = _ratio(c.itl_good, c.itl_total)
     digests = None
@@ -82,4 +92,5 @@ def summarize(
         latency=latency,
         exemplars=[trace for _, trace in bucket.exemplars],
         digests=digests,
+        stages=stages,
     )

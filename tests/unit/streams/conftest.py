@@ -32,6 +32,10 @@ class Event:
     itl_ms: list[float] | None = None
     trace_id: str | None = None
     warmup: bool | None = False
+    stages_ms: dict[str, float] | None = None
+    cache: Any = None
+    batch: Any = None
+    flow_control: Any = None
 
 
 MakeEvent = Callable[..., Event]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tailguard.streams import PERCENTILES, CorruptStateError, Thresholds
-from tailguard.streams.bucket import EXEMPLARS, METRICS, Bucket, event_hash
+from tailguard.streams.bucket import Counters, EXEMPLARS, METRICS, Bucket, event_hash
 from tailguard.streams.columns import Columns, event_hashes
 from tailguard.streams.digest import DEFAULT_MAX_CENTROIDS, Sketch
 
@@ -247,9 +247,17 @@ def test_event_ids_of_a_wrong_length_raise_corrupt_state_error() -> None:
         Bucket.from_bytes(_wire(ids=b"\x01\x02\x03"), key=("m", 0))
 
 
-def test_a_counters_list_of_the_wrong_length_raises_corrupt_state_error() -> None:
+def test_a_counters_list_longer_than_the_counters_raises_corrupt_state_error() -> None:
     with pytest.raises(CorruptStateError):
-        Bucket.from_bytes(_wire(counters=[1] * 12), key=("m", 0))
+        Bucket.from_bytes(_wire(counters=[1] * (len(Counters().as_list()) + 1)), key=("m", 0))
+
+
+def test_a_bucket_stored_before_the_cause_counters_existed_restores_them_as_zero() -> None:
+    legacy = list(range(1, 12))  # the 11 SLI counters of the first state format
+    bucket = Bucket.from_bytes(_wire(counters=legacy), key=("m", 0))
+    values = bucket.counters.as_list()
+    assert values[:11] == legacy
+    assert values[11:] == [0] * (len(values) - 11)
 
 
 def test_every_metric_has_a_digest_after_a_full_request() -> None:

@@ -37,6 +37,30 @@ class New:
     output_tokens: int
     gaps: int
     warmup: bool
+    flags: int = 0  # cause flags: 1 cache miss, 2 batch wait, 4 throttled
+    stages: int = 0  # how many of STAGES the request reports
+
+
+STAGES = ("queue", "prefill", "decode")
+
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    """The cache/batch/flow_control sub-records of an event (duck-typed)."""
+
+    prefix_hit_tokens: int = 0
+    prefix_query_tokens: int = 0
+    wait_ms: float | None = None
+    timed_out: bool = False
+    throttled: bool = False
+
+
+def causes(flags: int) -> dict[str, Any]:
+    return {
+        "cache": Cause(prefix_hit_tokens=10 if flags & 1 else 990, prefix_query_tokens=1000),
+        "batch": Cause(wait_ms=350.0 if flags & 2 else 3.0),
+        "flow_control": Cause(throttled=bool(flags & 4)),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +83,8 @@ moves = st.lists(
             output_tokens=st.integers(min_value=0, max_value=50),
             gaps=st.integers(min_value=0, max_value=4),
             warmup=st.booleans(),
+            flags=st.integers(min_value=0, max_value=7),
+            stages=st.integers(min_value=0, max_value=len(STAGES)),
         ),
         st.builds(Resend, which=st.integers(min_value=0, max_value=10_000)),
     ),
@@ -91,6 +117,8 @@ def stream(plan: list[New | Resend], make_event: MakeEvent) -> list[Any]:
                 itl_ms=gaps,
                 trace_id=f"{i:032x}",
                 warmup=move.warmup,
+                stages_ms={name: 10.0 * (i + j) for j, name in enumerate(STAGES[: move.stages])},
+                **causes(move.flags),
             )
         )
     return events
@@ -236,6 +264,33 @@ def test_replay_after_a_crash_that_lost_minute_records_converges_to_the_uninterr
 
     restored = SeriesWindows.restore(changes.meta, lambda t, s: store.get((t, s)), SMALL)
     restored.add(message, positions=positions)
+    assert contents(restored) == contents(original)
+
+
+def test_replay_refilling_a_lost_minute_record_keeps_a_request_late_that_was_late(
+    make_event: MakeEvent,
+) -> None:
+    """The shrunk example of the property above (found by Hypothesis).
+
+    One message: eight requests in minute bucket T0, one at T0 + 3 s that
+    closes it, then one for T0 that is late. The crash lost bucket T0's record
+    (the meta reached the store), so T0 restores empty awaiting its refill: the
+    replay must refill it with the eight, not also take the late ninth.
+    """
+    steps = [0] * 7 + [500, 2_500, -2_001]
+    plan: list[New | Resend] = [New(s, "ok", None, 0, 0, warmup=False) for s in steps]
+    message = stream(plan, make_event)
+    positions = [(0, 0)] * len(message)
+    original = SeriesWindows(SMALL)
+    first = original.add(message, positions=positions)
+    assert (first.accepted, first.late) == (9, 1)
+    changes = original.take_changes()
+    store = {key: data for key, data in changes.upserts.items() if key != ("m", T0)}
+
+    restored = SeriesWindows.restore(changes.meta, lambda t, s: store.get((t, s)), SMALL)
+    again = restored.add(message, positions=positions)
+    assert (again.accepted, again.replayed, again.late) == (8, 1, 0)
+    assert restored.counters(5_000).requests == original.counters(5_000).requests == 9
     assert contents(restored) == contents(original)
 
 

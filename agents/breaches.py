@@ -10,6 +10,14 @@ event-time watermark closes, in order:
 3. ``advance`` the (series, SLO) lifecycle; every transition becomes a
    ``tailguard.breach.v1`` event with exemplars and the joined GPU samples.
 
+At the same closed minute the silent-collapse detector
+(:mod:`~tailguard.streams.silent`) judges the series' short window against
+its learned baseline and publishes ``kind: silent_degradation`` breaches.
+Every breach, of either kind, carries the ranked causes of the violating
+requests of the last 5 minutes (``attribution``,
+:func:`~tailguard.streams.attribution.rank_causes`) and the top 3 stages by
+P99 increase over the baseline (``stages``).
+
 Everything but the GPU join (wall-clock ages) is a function of the events, so
 replaying the same input yields the same breach ids and sequence.
 """
@@ -20,16 +28,55 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tailguard.agents.gpu import gpu_join
+from tailguard.agents.internal import series_key
 from tailguard.agents.publish import frame
 from tailguard.agents.state import CachedSeries
-from tailguard.streams import WINDOWS
+from tailguard.streams import WINDOWS, Bucket
+from tailguard.streams.attribution import STAGE_PREFIX, rank_causes, stage_increases
 from tailguard.streams.breach import BreachPolicy, BreachState, Transition, advance
 from tailguard.streams.burn import BurnPolicy, SloSpec, applicable, evaluate, window_counters
+from tailguard.streams.silent import (
+    KIND as SILENT_KIND,
+)
+from tailguard.streams.silent import (
+    SilentPolicy,
+    SilentState,
+    SilentTransition,
+    WindowStats,
+    advance_silent,
+    stats_of,
+)
 
-__all__ = ["BREACH_SCHEMA", "BreachEngine", "breach_payload"]
+__all__ = ["BREACH_SCHEMA", "BreachEngine", "breach_payload", "silent_payload", "window_stats"]
 
 BREACH_SCHEMA = "tailguard.breach.v1"
 _SEP = "\x1f"
+_SILENT = "~silent"
+_MINUTE_MS = 60_000
+
+
+def window_stats(bucket: Bucket, window_ms: int) -> WindowStats:
+    """What the silent detector reads of a merged window: counters, TTFT P95, stage P99s."""
+    ttft = bucket.digests.get("ttft_ms")
+    p95 = ttft.quantiles([0.95])[0] if ttft is not None and ttft.n_values else None
+    stages = {
+        name[len(STAGE_PREFIX) :]: sketch.quantiles([0.99])[0]
+        for name, sketch in sorted(bucket.digests.items())
+        if name.startswith(STAGE_PREFIX) and sketch.n_values
+    }
+    return stats_of(bucket.counters, window_ms, p95, stages)
+
+
+def _explain(
+    bucket: Bucket,
+    window_ms: int,
+    baseline_rates: list[float] | tuple[float, ...] | None,
+    baseline_stages: dict[str, float],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``attribution`` and ``stages`` of a breach from its window and the series' baseline."""
+    stats = window_stats(bucket, window_ms)
+    causes = rank_causes(bucket.counters, baseline_rates or None)
+    return [c.as_dict() for c in causes], stage_increases(stats.stage_p99_ms, baseline_stages)
 
 
 def breach_payload(
@@ -39,6 +86,8 @@ def breach_payload(
     exemplars: list[str],
     gpu: list[dict[str, Any]],
     now_ms: int,
+    attribution: list[dict[str, Any]] | None = None,
+    stages: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The ``tailguard.breach.v1`` event of one lifecycle transition."""
     service, model, variant, tenant = series
@@ -61,12 +110,68 @@ def breach_payload(
         "sli": dict(t.sli),
         "budget_remaining": t.budget_remaining,
         "exemplars": exemplars,
-        "attribution": [],
+        "attribution": attribution or [],
+        "stages": stages or [],
         "gpu": gpu,
         "gpu_note": None if gpu else "no GPU known for this series (no host/gpu_ids in its events)",
         "opened_ms": t.opened_ms,
         "resolved_ms": t.resolved_ms,
     }
+
+
+def silent_payload(
+    t: SilentTransition,
+    series: tuple[str, str, str, str],
+    *,
+    exemplars: list[str],
+    gpu: list[dict[str, Any]],
+    now_ms: int,
+    attribution: list[dict[str, Any]],
+    stages: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The ``tailguard.breach.v1`` event of one silent-collapse transition."""
+    service, model, variant, tenant = series
+    sli = t.sli
+    if t.state == "resolved":
+        reason = "latency SLO attainment is back within its normal band"
+    else:
+        reason = (
+            f"latency SLO attainment {_pct(sli.get('attainment'))} "
+            f"(baseline {_pct(sli.get('baseline_attainment'))}), TTFT P95 "
+            f"{sli.get('p95_ttft_ms')} ms (baseline {sli.get('baseline_p95_ttft_ms')} ms), "
+            f"while the error rate ({_pct(sli.get('error_rate'))}) and the request rate "
+            f"({sli.get('rate_rps')}/s) look normal"
+        )
+    return {
+        "schema": BREACH_SCHEMA,
+        "event_id": t.event_id,
+        "ts_ms": now_ms,
+        "breach_id": t.breach_id,
+        "state": t.state,
+        "seq": t.seq,
+        "kind": SILENT_KIND,
+        "severity": t.severity,
+        "slo": "latency_attainment",
+        "series": {"service": service, "model": model, "variant": variant, "tenant": tenant},
+        "at_ms": t.at_ms,
+        "burn_rates": {},
+        "peak_burn_rates": {},
+        "rules": [],
+        "reason": reason,
+        "sli": dict(sli),
+        "budget_remaining": None,
+        "exemplars": exemplars,
+        "attribution": attribution,
+        "stages": stages,
+        "gpu": gpu,
+        "gpu_note": None if gpu else "no GPU known for this series (no host/gpu_ids in its events)",
+        "opened_ms": t.opened_ms,
+        "resolved_ms": t.resolved_ms,
+    }
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100.0 * value:.2f} %"
 
 
 @dataclass
@@ -78,6 +183,7 @@ class BreachEngine:
     gpu_table: Any
     burn: BurnPolicy = field(default_factory=BurnPolicy)
     lifecycle: BreachPolicy = field(default_factory=BreachPolicy)
+    silent: SilentPolicy = field(default_factory=SilentPolicy)
     #: Window whose slowest requests are attached as exemplars.
     exemplar_window_ms: int = WINDOWS["1h"]
     #: Breach states changed since their partition's last checkpoint.
@@ -122,6 +228,44 @@ class BreachEngine:
             out.extend(transitions)
         return out
 
+    def _silent_state(self, key: str) -> tuple[bytes, SilentState]:
+        skey = f"{key}{_SEP}{_SILENT}".encode()
+        raw = self._states.get(skey)
+        if raw is None:
+            raw = self.state_table.get(skey)
+        state = (
+            SilentState.from_bytes(raw, key=skey)
+            if raw is not None
+            else SilentState(series_key=key)
+        )
+        return skey, state
+
+    def evaluate_silent(
+        self, key: str, cached: CachedSeries, end_ms: int
+    ) -> list[SilentTransition]:
+        """Judge the short window ending at ``end_ms`` for a silent collapse; learn the minute."""
+        skey, state = self._silent_state(key)
+        windows = cached.state
+        minute = window_stats(windows.window(_MINUTE_MS, end_ms), _MINUTE_MS)
+        short_ms = self.silent.short_window_ms
+        short = window_stats(windows.window(short_ms, end_ms), short_ms)
+        new, transitions = advance_silent(state, end_ms, minute, short, self.silent)
+        if new is not state:
+            self._states[skey] = new.to_bytes()
+            self._unsaved.setdefault(cached.partition, set()).add(skey)
+        return transitions
+
+    def explain(
+        self, key: str, cached: CachedSeries, at_ms: int
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """``attribution`` and ``stages`` of a breach of the series at ``at_ms``."""
+        _, state = self._silent_state(key)
+        base = state.baseline
+        short_ms = self.silent.short_window_ms
+        bucket = cached.state.window(short_ms, at_ms)
+        rates = base.factor_rates if base.minutes else None
+        return _explain(bucket, short_ms, rates, dict(base.stage_p99_ms))
+
     def checkpoint(self, partition: int) -> int:
         """Write the breach states changed on ``partition`` (inside the agent, see SeriesStore).
 
@@ -142,7 +286,7 @@ class BreachEngine:
 
     def payloads(
         self,
-        transitions: list[Transition],
+        transitions: Sequence[Transition | SilentTransition],
         series: tuple[str, str, str, str],
         cached: CachedSeries,
         source: str,
@@ -153,14 +297,30 @@ class BreachEngine:
         # One join per batch of transitions: they share the series' GPUs and "now".
         gpu = gpu_join(self.gpu_table, sorted(cached.gpus), now)
         framed = []
+        key = series_key(*series)
         for t in transitions:
-            payload = breach_payload(
-                t,
-                series,
-                exemplars=cached.state.exemplars(self.exemplar_window_ms, t.at_ms),
-                gpu=gpu,
-                now_ms=now,
-            )
+            exemplars = cached.state.exemplars(self.exemplar_window_ms, t.at_ms)
+            attribution, stages = self.explain(key, cached, t.at_ms)
+            if isinstance(t, SilentTransition):
+                payload = silent_payload(
+                    t,
+                    series,
+                    exemplars=exemplars,
+                    gpu=gpu,
+                    now_ms=now,
+                    attribution=attribution,
+                    stages=stages,
+                )
+            else:
+                payload = breach_payload(
+                    t,
+                    series,
+                    exemplars=exemplars,
+                    gpu=gpu,
+                    now_ms=now,
+                    attribution=attribution,
+                    stages=stages,
+                )
             framed.append(frame(payload, source=source))
         return framed
 

@@ -189,7 +189,8 @@ def register_sli(
             # Runs inside add(), before roll-up and pruning: what it reads of
             # windows ending at end_ms is final and independent of batching.
             outgoing.extend(snapshots(series, cached.state, end_ms, final=True))
-            transitions = engine.evaluate(series, key, cached, end_ms, slos)
+            transitions: list[Any] = engine.evaluate(series, key, cached, end_ms, slos)
+            transitions += engine.evaluate_silent(key, cached, end_ms)
             for value, headers in engine.payloads(transitions, series, cached, settings.source):
                 outgoing.append((breach_topic, key.encode(), value, headers))
 

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from tailguard.streams.attribution import BATCH_WAIT_MS, CACHE_MISS_BELOW
+
 from tailguard.simulator.config import Incident, ModelSpec, ServiceSpec, SimConfig, Target
 from tailguard.simulator.model import generate
-from tailguard.streams.attribution import BATCH_WAIT_MS, CACHE_MISS_BELOW
 
 pytestmark = pytest.mark.integration
 
@@ -190,7 +191,5 @@ def test_a_healthy_hour_raises_no_silent_or_interference_breach(
     start -= start % MIN
     cfg = SimConfig(rate=20.0, duration_s=3_600.0, seed=5, start_ms=start)  # the default fleet
     events = list(generate(cfg))
-    records = run(
-        namespace, worker_factory, collector, produce, events, lambda rs: True, "healthy"
-    )
+    records = run(namespace, worker_factory, collector, produce, events, lambda rs: True, "healthy")
     assert not [r for r in records if r["kind"] in {"silent_degradation", "interference"}]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tailguard.streams import PERCENTILES, CorruptStateError, Thresholds
-from tailguard.streams.bucket import Counters, EXEMPLARS, METRICS, Bucket, event_hash
+from tailguard.streams.bucket import EXEMPLARS, METRICS, Bucket, Counters, event_hash
 from tailguard.streams.columns import Columns, event_hashes
 from tailguard.streams.digest import DEFAULT_MAX_CENTROIDS, Sketch
 

@@ -53,4 +53,5 @@ echo "· live: 20 req/s for ${LIVE_S}s (watch the open minute move; Ctrl-C ends 
 pids+=($!)
 "$BIN/tailguard" watch --window 5m --duration "$((LIVE_S + 5))" || true
 sleep 3
-"$BIN/tailguard" report --idle 5
+"$BIN/tailguard" report --idle 5 --out "$DEMO_DIR/report"
+echo "· heatmaps and the HTML report: $DEMO_DIR/report/index.html"

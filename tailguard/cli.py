@@ -9,7 +9,7 @@
     tailguard topics list         show the catalogue
     tailguard tail TOPIC          follow a topic, pretty-printed
     tailguard watch               live table of SLIs per series
-    tailguard report              summary of the final SLI snapshots per series
+    tailguard report              SLI and breach summary, time × stage P99 heatmaps
 
 Operators get one-line errors, not tracebacks: every ``TailguardError`` is
 printed with what to do and exits with status 2.
@@ -161,21 +161,59 @@ def watch(broker: str, window: str, duration: float | None) -> None:
 
 @cli.command()
 @_BROKER
-@click.option("--window", default="1m", show_default=True)
+@click.option("--window", default="1m", show_default=True, help="SLI window to report on.")
 @click.option(
     "--idle",
     type=float,
     default=5.0,
     show_default=True,
-    help="Stop reading after this many seconds without a record.",
+    help="Give up on a topic after this many seconds without a record before its end offsets.",
 )
-def report(broker: str, window: str, idle: float) -> None:
-    """Summarise the final SLI snapshots per series, then every breach transition."""
-    from tailguard.console import breach_report
-    from tailguard.console import report as run_report
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, writable=True, path_type=Path),
+    default=Path("tailguard-report"),
+    show_default=True,
+    help="Folder for heatmap-<series>.png, index.html and heatmap.json.",
+)
+@click.option(
+    "--series",
+    "series",
+    multiple=True,
+    metavar="PATTERN",
+    help="Only series whose service/model/variant/tenant matches this glob (or contains "
+    "this text); repeatable.",
+)
+@click.option(
+    "--top",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Draw at most this many series: those whose stage P99 grew most.",
+)
+@click.option(
+    "--last",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Heatmap time axis: only the last N windows of each series (default: all).",
+)
+def report(
+    broker: str,
+    window: str,
+    idle: float,
+    out_dir: Path,
+    series: tuple[str, ...],
+    top: int,
+    last: int | None,
+) -> None:
+    """Summarise the final SLI snapshots per series and every breach transition, then write
+    a time × stage P99 heatmap per series (PNG, index.html, heatmap.json) into --out."""
+    from tailguard.console import heatmap_report
 
-    run_report(broker, idle_s=idle, window=window)
-    breach_report(broker, idle_s=idle)
+    heatmap_report(
+        broker, out_dir=out_dir, idle_s=idle, window=window, series=series, top=top, last=last
+    )
 
 
 def _attach_plugins() -> None:

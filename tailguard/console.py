@@ -1,11 +1,13 @@
-"""Terminal views: ``tailguard tail`` (follow a topic) and the live SLI table."""
+"""Terminal views: ``tailguard tail`` (follow a topic), the live SLI table and the report."""
 
 import json
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
 from rich.console import Console
@@ -13,9 +15,28 @@ from rich.live import Live
 from rich.table import Table
 
 from tailguard.catalogue import BREACHES, SLI, default_prefix
+from tailguard.errors import TailguardError
 from tailguard.kafka_admin import ensure_broker
 
-__all__ = ["follow", "sli_table", "tail", "watch_sli"]
+if TYPE_CHECKING:
+    from tailguard.report import ReportFiles
+
+__all__ = [
+    "TopicMissing",
+    "TopicRead",
+    "breach_report",
+    "follow",
+    "heatmap_report",
+    "read_to_end",
+    "report",
+    "sli_table",
+    "tail",
+    "watch_sli",
+]
+
+
+class TopicMissing(TailguardError, LookupError):
+    """A topic the command reads does not exist."""
 
 
 def follow(
@@ -53,15 +74,16 @@ def follow(
                 return
             if idle_exit_s is not None and now - last > idle_exit_s:
                 return
-            msg = consumer.poll(0.5)
-            if msg is None:
+            record = consumer.poll(0.5)
+            if record is None:
                 continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
+            error = record.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
                     continue
-                raise SystemExit(f"consumer error: {msg.error()}")
+                raise SystemExit(f"consumer error: {error}")
             last = time.monotonic()
-            yield msg.key(), msg.value(), list(msg.headers() or [])
+            yield record.key(), record.value(), list(record.headers() or [])
     finally:
         consumer.close()
 
@@ -139,16 +161,28 @@ def watch_sli(
     return latest
 
 
-def report(broker: str, *, idle_s: float = 5.0, window: str = "1m") -> dict[str, dict[str, Any]]:
+def _json_values(broker: str, topic: str, idle_s: float) -> Iterator[dict[str, Any]]:
+    for _key, value, _headers in follow(broker, topic, from_beginning=True, idle_exit_s=idle_s):
+        yield json.loads(value or b"{}")
+
+
+def report(
+    broker: str,
+    *,
+    idle_s: float = 5.0,
+    window: str = "1m",
+    records: Iterable[dict[str, Any]] | None = None,
+) -> dict[str, dict[str, Any]]:
     """Summarise every final snapshot of ``window`` on the SLI topic, per series.
 
     For each series: minutes seen, requests, errors, the best and worst minute's
-    TTFT P95 and SLO compliance, and when the worst minute ended.
+    TTFT P95 and SLO compliance, and when the worst minute ended. ``records``:
+    the decoded snapshots when already read (else the topic is followed until
+    ``idle_s`` passes without a record).
     """
     rows: dict[str, dict[str, Any]] = {}
-    topic = default_prefix() + SLI
-    for _key, value, _headers in follow(broker, topic, from_beginning=True, idle_exit_s=idle_s):
-        snap = json.loads(value or b"{}")
+    snaps = records if records is not None else _json_values(broker, default_prefix() + SLI, idle_s)
+    for snap in snaps:
         if snap.get("window") != window or not snap.get("final"):
             continue
         s = snap["series"]
@@ -230,12 +264,16 @@ def _console() -> Console:
     return Console() if sys.stdout.isatty() else Console(width=200)
 
 
-def breach_report(broker: str, *, idle_s: float = 5.0) -> list[dict[str, Any]]:
-    """Print every breach transition on the breaches topic; returns them."""
-    topic = default_prefix() + BREACHES
-    rows: list[dict[str, Any]] = []
-    for _key, value, _headers in follow(broker, topic, from_beginning=True, idle_exit_s=idle_s):
-        rows.append(json.loads(value or b"{}"))
+def breach_report(
+    broker: str, *, idle_s: float = 5.0, records: Iterable[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Print every breach transition on the breaches topic; returns them.
+
+    ``records``: the decoded transitions when already read.
+    """
+    if records is None:
+        records = _json_values(broker, default_prefix() + BREACHES, idle_s)
+    rows: list[dict[str, Any]] = list(records)
     table = Table(title="tailguard · breaches (burn-rate lifecycle)", expand=True)
     for col in (
         "event time",
@@ -266,3 +304,141 @@ def breach_report(broker: str, *, idle_s: float = 5.0) -> list[dict[str, Any]]:
         )
     _console().print(table)
     return rows
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRead:
+    """The records of a topic from its start to the end offsets it had when reading began."""
+
+    topic: str
+    records: list[dict[str, Any]]
+    #: Values that were not a JSON object: counted, not returned.
+    undecodable: int
+    #: False when reading gave up (``idle_s`` without progress) before the end offsets.
+    complete: bool
+
+
+def read_to_end(broker: str, topic: str, *, idle_s: float = 5.0) -> TopicRead:
+    """Every JSON record of ``topic``, all partitions, up to its end offsets at the start.
+
+    Unlike :func:`follow`, it stops as soon as each partition's position reaches
+    the high watermark it had when reading began (control records of
+    transactions included), so records written meanwhile are left for the next
+    run. ``idle_s`` bounds the wait for a record that does not come.
+    """
+    admin = ensure_broker(broker)
+    meta = admin.list_topics(topic, timeout=10).topics.get(topic)
+    if meta is None or meta.error is not None:
+        msg = (
+            f"topic {topic} does not exist on {broker}; run `tailguard topics create` and a "
+            "worker first (or set TAILGUARD_TOPIC_PREFIX to the deployment's namespace)"
+        )
+        raise TopicMissing(msg)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker,
+            "group.id": f"tailguard-report-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        }
+    )
+    records: list[dict[str, Any]] = []
+    undecodable = 0
+    try:
+        ends: dict[int, int] = {}
+        for p in meta.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if high > low:
+                ends[p] = high
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        last = time.monotonic()
+        while ends:
+            msgs = consumer.consume(1000, timeout=0.5)
+            for m in msgs:
+                error = m.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    msg = f"could not read {topic}: {error}"
+                    raise TailguardError(msg)
+                partition, offset = m.partition(), m.offset()
+                end = None if partition is None else ends.get(partition)
+                if end is None or offset is None or offset >= end:
+                    continue
+                try:
+                    value = json.loads(m.value() or b"null")
+                except (ValueError, UnicodeDecodeError):
+                    value = None
+                if isinstance(value, dict):
+                    records.append(value)
+                else:
+                    undecodable += 1
+            if msgs:
+                last = time.monotonic()
+            positions = consumer.position([TopicPartition(topic, p) for p in ends])
+            for tp in positions:
+                if tp.offset >= 0 and tp.offset >= ends[tp.partition]:
+                    del ends[tp.partition]
+            if ends and time.monotonic() - last > idle_s:
+                return TopicRead(topic, records, undecodable, complete=False)
+    finally:
+        consumer.close()
+    return TopicRead(topic, records, undecodable, complete=True)
+
+
+def heatmap_report(
+    broker: str,
+    *,
+    out_dir: Path,
+    idle_s: float = 5.0,
+    window: str = "1m",
+    series: Sequence[str] = (),
+    top: int | None = 10,
+    last: int | None = None,
+) -> "ReportFiles":
+    """``tailguard report``: the SLI and breach tables, then the time × stage P99 heatmaps.
+
+    Reads ``tailguard.sli`` and ``tailguard.breaches`` once, up to their end
+    offsets, prints the two tables as before and writes the heatmap files of
+    :func:`tailguard.report.write_report` into ``out_dir``.
+    """
+    from tailguard.report import build_heatmaps, write_report
+
+    out = _console()
+    sli = read_to_end(broker, default_prefix() + SLI, idle_s=idle_s)
+    breaches = read_to_end(broker, default_prefix() + BREACHES, idle_s=idle_s)
+    for read in (sli, breaches):
+        if not read.complete:
+            out.print(
+                f"[yellow]warning: stopped reading {read.topic} after {idle_s:g} s without a "
+                "record before its end offsets; the report may miss records[/yellow]"
+            )
+        if read.undecodable:
+            out.print(f"[yellow]warning: {read.undecodable} non-JSON record(s) on {read.topic}[/]")
+    report(broker, idle_s=idle_s, window=window, records=sli.records)
+    breach_report(broker, idle_s=idle_s, records=breaches.records)
+    heatmaps = build_heatmaps(sli.records, breaches.records, window=window, last=last)
+    try:
+        files = write_report(
+            out_dir, heatmaps, breaches.records, window=window, patterns=series, top=top
+        )
+    except OSError as exc:
+        msg = f"cannot write the report into {out_dir}: {exc.strerror or exc}; choose --out"
+        raise TailguardError(msg) from None
+    shown = {hm.key: hm for hm in heatmaps}
+    drawn, total = len(files.pngs), len(files.candidates)
+    scope = "" if drawn == total else f" (the top {drawn} of {total} by worst stage P99 growth)"
+    out.print(
+        f"time × stage P99 heatmaps of {drawn} series{scope} → {files.index} · {files.data.name}"
+    )
+    for key, png in files.pngs.items():
+        growth, stage = shown[key].growth()
+        n = len(shown[key].breaches)
+        out.print(
+            f"  ×{growth:5.1f} {stage:<10} {key}  {png.name}"
+            + (f"  ({n} breach{'es' if n != 1 else ''})" if n else ""),
+            highlight=False,
+        )
+    if drawn < total:
+        out.print("  choose others with --series PATTERN or --top N", highlight=False)
+    return files

@@ -23,7 +23,9 @@ class TopicReport:
 
 def ensure_broker(broker: str, timeout_s: float = 10.0) -> AdminClient:
     """An admin client whose broker answered within ``timeout_s``."""
-    admin = AdminClient({"bootstrap.servers": broker})
+    # log_level 2: librdkafka would print a "Connection refused" line per retry
+    # before the one clear error below.
+    admin = AdminClient({"bootstrap.servers": broker, "log_level": 2})
     try:
         admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:

@@ -274,15 +274,16 @@ def breach_report(
     if records is None:
         records = _json_values(broker, default_prefix() + BREACHES, idle_s)
     rows: list[dict[str, Any]] = list(records)
-    table = Table(title="tailguard · breaches (burn-rate lifecycle)", expand=True)
+    table = Table(title="tailguard · breaches", expand=True)
     for col in (
         "event time",
         "series",
-        "slo",
+        "kind / slo",
         "state",
         "severity",
         "burn 1h / 5m",
         "budget left",
+        "why (share of bad requests; stages by P99 rise)",
         "GPUs (util, temp, age)",
     ):
         table.add_column(col)
@@ -292,18 +293,40 @@ def breach_report(
         gpus = _gpu_summary(b.get("gpu", [])) or (b.get("gpu_note") or "–")
         colour = {"opened": "red", "resolved": "green"}.get(b["state"], "yellow")
         budget = b.get("budget_remaining")
+        kind = b.get("kind", "burn_rate")
         table.add_row(
             time.strftime("%H:%M", time.gmtime(b["at_ms"] / 1000)) + "Z",
             f"{s['service']}/{s['model']}/{s['variant']}/{s['tenant']}",
-            b["slo"],
+            b["slo"] if kind == "burn_rate" else f"{kind}\n{b.get('slo') or ''}",
             f"[{colour}]{b['state']}[/{colour}]",
             b["severity"],
-            f"{rates.get('1h', 0):.1f}× / {rates.get('5m', 0):.1f}×",
+            f"{rates.get('1h', 0):.1f}× / {rates.get('5m', 0):.1f}×" if rates else "–",
             "–" if budget is None else f"{budget:.0%}",
+            _why(b),
             gpus,
         )
     _console().print(table)
     return rows
+
+
+def _why(breach: dict[str, Any]) -> str:
+    """Ranked causes and the stages that grew most, in a few words."""
+    parts = []
+    causes = [
+        f"{c['cause']} {c['share']:.0%}"
+        for c in breach.get("attribution") or []
+        if isinstance(c, dict) and "cause" in c and isinstance(c.get("share"), int | float)
+    ]
+    if causes:
+        parts.append(" → ".join(causes[:3]))
+    stages = [
+        f"{st['stage']} +{st['increase_ms']:.0f} ms"
+        for st in breach.get("stages") or []
+        if isinstance(st, dict) and isinstance(st.get("increase_ms"), int | float)
+    ]
+    if stages and breach.get("state") != "resolved":
+        parts.append(", ".join(stages[:3]))
+    return "\n".join(parts) or "–"
 
 
 @dataclass(frozen=True, slots=True)

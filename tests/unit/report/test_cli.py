@@ -49,7 +49,7 @@ def test_report_prints_the_tables_and_writes_the_heatmap_files(
 
     assert (code, err) == (0, "")
     assert "tailguard · report · final 1m windows" in out  # the existing SLI table
-    assert "breaches (burn-rate lifecycle)" in out  # the existing breach table
+    assert "tailguard · breaches" in out  # the existing breach table
     assert "time × stage P99 heatmaps of 1 series" in out
     assert "prefill" in out and "heatmap-chat-llama-3.1-8b-default-default.png" in out
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [

@@ -80,7 +80,7 @@ def make_app(settings: Settings) -> faust.App:
         value_serializer="raw",
         web_enabled=settings.web_enabled,
         web_port=settings.web_port,
-        web_bind="127.0.0.1",
+        web_bind=settings.web_bind,
         producer_acks=-1,
         producer_linger_ms=5,
         producer_max_request_size=8 * 1024 * 1024,

@@ -186,6 +186,14 @@ class BreachEngine:
     silent: SilentPolicy = field(default_factory=SilentPolicy)
     #: Window whose slowest requests are attached as exemplars.
     exemplar_window_ms: int = WINDOWS["1h"]
+    #: Optional :class:`~tailguard.agents.telemetry.Telemetry` shown on /metrics and the dashboard.
+    telemetry: Any = None
+    #: Bumped when ``slos`` changes at run time (admin ``slo set``): the SLI agent
+    #: then re-resolves each series' SLOs (:mod:`tailguard.agents.control`).
+    slo_version: int = 0
+    #: Called with each breach payload before it is framed: the admin plane marks
+    #: silenced / acknowledged breaches and audits the decision (may change it).
+    on_payload: Callable[[dict[str, Any]], None] | None = None
     #: Breach states changed since their partition's last checkpoint.
     _states: dict[bytes, bytes] = field(default_factory=dict)
     _unsaved: dict[int, set[bytes]] = field(default_factory=dict)
@@ -218,6 +226,8 @@ class BreachEngine:
             )
             verdict = evaluate(spec, self.burn, counters)
             new, transitions = advance(state, end_ms, verdict, self.lifecycle)
+            if self.telemetry is not None:
+                self.telemetry.observe_slo(key, spec.name, verdict, new, end_ms)
             # Persist only real changes: a quiet (series, SLO) would otherwise write
             # a changelog record every minute just to move ``last_at_ms``. Re-running
             # an unpersisted quiet evaluation after a crash gives the same verdict,
@@ -321,6 +331,10 @@ class BreachEngine:
                     attribution=attribution,
                     stages=stages,
                 )
+            if self.on_payload is not None:
+                self.on_payload(payload)
+            if self.telemetry is not None:
+                self.telemetry.observe_breach(payload)
             framed.append(frame(payload, source=source))
         return framed
 

@@ -16,6 +16,7 @@ here writes a table, so ``take_events`` is safe (faust-streaming#497).
 """
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
@@ -29,8 +30,16 @@ from tailguard.schemas import InferenceEvent, Limits, decode
 __all__ = ["register_ingest"]
 
 
-def register_ingest(app: faust.App, topics: Topics, settings: Settings, stats: WorkerStats) -> Any:
-    """Attach the ingest agent to ``app``."""
+def register_ingest(
+    app: faust.App,
+    topics: Topics,
+    settings: Settings,
+    stats: WorkerStats,
+    forward_experiments: Callable[[list[InferenceEvent], list[tuple[int, int]]], Awaitable[None]]
+    | None = None,
+) -> Any:
+    """Attach the ingest agent to ``app``. ``forward_experiments(events, positions)``
+    also receives every batch's valid events (the A/B guard, agents/experiments.py)."""
     limits = Limits()
 
     @app.agent(topics.inference, name="tailguard.ingest")
@@ -70,5 +79,7 @@ def register_ingest(app: faust.App, topics: Topics, settings: Settings, stats: W
                 await topics.series.send(
                     key=str(partition).encode(), value=value, partition=partition
                 )
+            if forward_experiments is not None and valid:
+                await forward_experiments(valid, positions)
 
     return ingest

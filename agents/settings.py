@@ -47,9 +47,19 @@ class Settings:
     rocksdb_write_buffer_mib: int = 8
     web_port: int = 6066
     web_enabled: bool = False
+    #: Address the web server (/metrics, /dashboard) listens on.
+    web_bind: str = "127.0.0.1"
+    #: Series exported with their own labels on /metrics and the dashboard
+    #: (bounded cardinality, :mod:`tailguard.agents.telemetry`).
+    metrics_max_series: int = 100
     attach_digests: bool = False
     #: OpenSLO v1 YAML with the SLOs to hold series to (default: SPEC.md §2 defaults).
     slo_file: Path | None = None
+    #: Admin keys file (YAML/JSON: key_id → role, secret or secret_env); without
+    #: one every admin command is refused (:mod:`tailguard.admin.keys`).
+    admin_keys_file: Path | None = None
+    #: YAML files of experiments the A/B guard watches (:mod:`tailguard.schemas.experiments`).
+    experiments_files: tuple[Path, ...] = ()
     source: str = field(default_factory=lambda: f"tailguard/{os.uname().nodename}")
 
     def __post_init__(self) -> None:
@@ -64,6 +74,9 @@ class Settings:
             raise SettingsError(msg)
         if not self.checkpoint_interval_s > 0:
             msg = f"checkpoint_interval_s must be > 0, got {self.checkpoint_interval_s}"
+            raise SettingsError(msg)
+        if self.metrics_max_series < 0:
+            msg = f"metrics_max_series must be ≥ 0, got {self.metrics_max_series}"
             raise SettingsError(msg)
         if self.ingest_batch < 1 or self.ingest_within_s <= 0:
             msg = "ingest_batch must be ≥ 1 and ingest_within_s > 0"
@@ -84,11 +97,25 @@ class Settings:
             values["stats_interval_s"] = float(env["TAILGUARD_STATS_INTERVAL_S"])
         if env.get("TAILGUARD_CHECKPOINT_S"):
             values["checkpoint_interval_s"] = float(env["TAILGUARD_CHECKPOINT_S"])
+        if env.get("TAILGUARD_WEB_PORT"):
+            values["web_port"] = int(env["TAILGUARD_WEB_PORT"])
+            values["web_enabled"] = True
+        if env.get("TAILGUARD_WEB_BIND"):
+            values["web_bind"] = env["TAILGUARD_WEB_BIND"]
+        if env.get("TAILGUARD_METRICS_MAX_SERIES"):
+            values["metrics_max_series"] = int(env["TAILGUARD_METRICS_MAX_SERIES"])
         values.update({k: v for k, v in overrides.items() if v is not None})
         if isinstance(values["data_dir"], str):
             values["data_dir"] = Path(values["data_dir"])
         if "slo_file" not in values and env.get("TAILGUARD_SLO_FILE"):
             values["slo_file"] = Path(env["TAILGUARD_SLO_FILE"])
+        if "admin_keys_file" not in values and env.get("TAILGUARD_ADMIN_KEYS"):
+            values["admin_keys_file"] = Path(env["TAILGUARD_ADMIN_KEYS"])
+        if "experiments_files" not in values and env.get("TAILGUARD_EXPERIMENTS_FILE"):
+            names = env["TAILGUARD_EXPERIMENTS_FILE"].split(os.pathsep)
+            values["experiments_files"] = tuple(Path(n) for n in names if n)
+        if isinstance(values.get("admin_keys_file"), str):
+            values["admin_keys_file"] = Path(values["admin_keys_file"])
         return cls(**values)  # type: ignore[arg-type]
 
     def rocksdb_options(self) -> dict[str, object]:

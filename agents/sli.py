@@ -42,6 +42,7 @@ from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
 from tailguard.agents.state import CachedSeries, SeriesStore
 from tailguard.agents.stats import WorkerStats
+from tailguard.agents.telemetry import Telemetry
 from tailguard.agents.topics import Topics
 from tailguard.streams import WINDOWS, SeriesWindows, summarize
 from tailguard.streams.fold import fold_many
@@ -140,13 +141,21 @@ def register_sli(
     store: SeriesStore,
     engine: BreachEngine,
     outputs: Outputs,
+    *,
+    telemetry: Telemetry | None = None,
 ) -> Any:
-    """Attach the SLI agent, its provisional-snapshot timer and the rebalance hook."""
+    """Attach the SLI agent, its provisional-snapshot timer and the rebalance hook.
+
+    ``telemetry`` (optional) keeps the latest snapshot per series and window for
+    /metrics and the dashboard: a dict write per published snapshot.
+    """
     names: dict[str, tuple[str, str, str, str]] = {}
     sli_topic = topics.sli.get_topic_name()
     internal_topic = topics.series.get_topic_name()
     breach_topic = topics.breaches.get_topic_name()
     specs: dict[str, list[Any]] = {}
+    #: ``engine.slo_version`` the cached ``specs`` were resolved under (admin ``slo set``).
+    specs_version = [engine.slo_version]
 
     def snapshots(
         series: tuple[str, str, str, str], state: SeriesWindows, end_ms: int, *, final: bool
@@ -166,6 +175,8 @@ def register_sli(
                 now_ms=now,
                 with_digests=settings.attach_digests,
             )
+            if telemetry is not None:
+                telemetry.observe_sli(series, window, payload)
             value, headers = frame(payload, source=settings.source)
             out.append((sli_topic, key, value, headers))
         return out
@@ -244,6 +255,9 @@ def register_sli(
         gpus_of: dict[int, list[tuple[str, int, int]]] = {}
         for group, host, index, ts in groups.gpus:
             gpus_of.setdefault(group, []).append((host, index, ts))
+        if specs_version[0] != engine.slo_version:
+            specs.clear()  # the SLOs changed: re-resolve each series' SLOs
+            specs_version[0] = engine.slo_version
         for i, series in enumerate(groups.series):
             key = series_key(*series)
             names[key] = series
@@ -340,6 +354,8 @@ def register_sli(
         if gone:
             store.forget_partitions(gone)
             engine.forget_partitions(gone)
+            if telemetry is not None:
+                telemetry.forget_partitions(gone)
             for partition in gone:
                 pending.pop(partition, None)
                 last_checkpoint.pop(partition, None)

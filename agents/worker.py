@@ -56,12 +56,16 @@ def run_worker(settings: Settings, loglevel: str = "info") -> int:
         )
     code = 1
     pipeline.gpu_cache.start()
+    if pipeline.admin is not None:
+        pipeline.admin.start()  # reads the control topic to its end first
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
         pipeline.gpu_cache.stop()
+        if pipeline.admin is not None:
+            pipeline.admin.stop()
     if code == 0:
         (settings.data_dir / CLEAN_MARKER).touch()
     return code

@@ -11,6 +11,7 @@ STATE="${STATE:-$PWD/.state}"
 BIN="${BIN:-$PWD/.venv/bin}"
 LIVE_S="${DEMO_LIVE_S:-60}"
 HISTORY_S="${DEMO_HISTORY_S:-28800}"
+NOISY_S="${DEMO_NOISY_S:-2700}"
 DEMO_DIR="$STATE/demo"
 export TAILGUARD_STATE_DIR="$STATE"
 export TAILGUARD_BROKER="${TAILGUARD_BROKER:-127.0.0.1:9092}"
@@ -31,15 +32,50 @@ infra/kafka/kafka.sh up
 "$BIN/tailguard" topics create
 
 rm -rf "$DEMO_DIR"; mkdir -p "$DEMO_DIR"
-echo "· worker (log: $DEMO_DIR/worker.log)"
+WEB_PORT="${DEMO_WEB_PORT:-6066}"
+echo "· worker (log: $DEMO_DIR/worker.log; live dashboard http://127.0.0.1:$WEB_PORT/dashboard, Prometheus http://127.0.0.1:$WEB_PORT/metrics)"
 "$BIN/tailguard" worker --data-dir "$DEMO_DIR/worker" --snapshot-interval 2 \
-  --lateness-ms 10000 --loglevel warning >"$DEMO_DIR/worker.log" 2>&1 &
+  --lateness-ms 10000 --loglevel warning --web-port "$WEB_PORT" \
+  --experiments-file infra/experiments/gateway-canary.yaml >"$DEMO_DIR/worker.log" 2>&1 &
 pids+=($!)
 
 echo "· GPU telemetry (simulated NVML; gpu-node-01 under thermal/power pressure)"
 "$BIN/tailguard" gpu-sampler --simulate --interval 2 --pressure "gpu-node-01:0:100000" --quiet \
   >"$DEMO_DIR/gpu.log" 2>&1 &
 pids+=($!)
+
+# Scenario (b) first, so its event time lies before the history's (each series'
+# watermark only moves forward): 45 minutes at 20 req/s with every instance's
+# KV-cache snapshot (--kv), ending where the history begins.
+NOISY_START_MS=$(( ($(date +%s) - HISTORY_S - NOISY_S - 120) * 1000 ))
+echo "· noisy neighbour (scenario b): $((NOISY_S / 60)) min at 20 req/s with KV snapshots; tenant acme sends 4x its load to llama-3.1-8b-instruct from 0:20 to 0:32 (KV fragmentation of its instances 0.08 -> 0.37, the other tenants' P99 about 2x)"
+"$BIN/tailguard" simulate --rate 20 --duration "$NOISY_S" --seed 11 --pace max --kv \
+  --start-ms "$NOISY_START_MS" \
+  --incident "noisy_neighbor:1200:1920:tenant=acme,model=llama-3.1-8b-instruct,intensity=4" \
+  >"$DEMO_DIR/noisy.log" 2>&1 \
+  || { echo "simulator failed:"; tail -20 "$DEMO_DIR/noisy.log"; exit 1; }
+tail -1 "$DEMO_DIR/noisy.log"
+echo "· waiting (up to 4 min) for the worker to judge it: an interference breach that opens and resolves"
+"$BIN/python" - <<'PY' || echo "  (not judged yet; the worker may still be catching up)"
+import json
+import os
+import sys
+import time
+
+from tailguard.catalogue import BREACHES, default_prefix
+from tailguard.console import follow
+
+deadline = time.monotonic() + 240
+while time.monotonic() < deadline:
+    for _key, value, _headers in follow(
+        os.environ["TAILGUARD_BROKER"], default_prefix() + BREACHES, from_beginning=True, idle_exit_s=2
+    ):
+        breach = json.loads(value or b"{}")
+        if breach.get("kind") == "interference" and breach.get("state") == "resolved":
+            sys.exit(0)
+    time.sleep(3)
+sys.exit(1)
+PY
 
 echo "· history: $((HISTORY_S / 3600)) h of traffic at full speed; TTFT collapse (cache-miss storm + batching + throttling) on model llama-3.1-8b-instruct (served by gpu-node-01) from 2:00 to 2:30"
 "$BIN/tailguard" simulate --rate 3 --duration "$HISTORY_S" --seed 7 --pace max \
@@ -55,3 +91,51 @@ pids+=($!)
 sleep 3
 "$BIN/tailguard" report --idle 5 --out "$DEMO_DIR/report"
 echo "· heatmaps and the HTML report: $DEMO_DIR/report/index.html"
+echo "· interference breaches explained (victim, noisy neighbour, evidence):"
+"$BIN/python" - <<'PY'
+import json
+import os
+
+from tailguard.catalogue import BREACHES, default_prefix
+from tailguard.console import follow
+
+for _key, value, _headers in follow(
+    os.environ["TAILGUARD_BROKER"], default_prefix() + BREACHES, from_beginning=True, idle_exit_s=3
+):
+    breach = json.loads(value or b"{}")
+    if breach.get("kind") == "interference":
+        print(f"  {breach['state']:>8}  {breach['summary']}")
+PY
+
+GW_PORT="${DEMO_GATEWAY_PORT:-8080}"
+echo "· gateway: OpenAI-compatible proxy on http://127.0.0.1:$GW_PORT/v1 in front of a simulated upstream and a slower canary upstream (30 % of the users; log: $DEMO_DIR/gateway.log)"
+"$BIN/tailguard" simulate-upstream --listen 127.0.0.1:9101 --name primary --ttft-ms 120 --itl-ms 15 \
+  --tokens 12 --jitter 0.2 --seed 1 >"$DEMO_DIR/upstream-primary.log" 2>&1 &
+pids+=($!)
+"$BIN/tailguard" simulate-upstream --listen 127.0.0.1:9102 --name canary --ttft-ms 400 --itl-ms 15 \
+  --tokens 12 --jitter 0.2 --seed 2 >"$DEMO_DIR/upstream-canary.log" 2>&1 &
+pids+=($!)
+"$BIN/tailguard" gateway --upstream http://127.0.0.1:9101 --upstream-canary http://127.0.0.1:9102 \
+  --routes infra/experiments/gateway-canary.yaml --listen "127.0.0.1:$GW_PORT" --service chat \
+  --state-file "$DEMO_DIR/gateway-state.json" >"$DEMO_DIR/gateway.log" 2>&1 &
+pids+=($!)
+sleep 5
+echo "· the official openai client streams through the gateway; the A/B guard holds the canary to TTFT P95 ≤ 1.10 × control and rolls it back"
+"$BIN/python" -m tailguard.gateway.demo --base-url "http://127.0.0.1:$GW_PORT/v1" --concurrency 8 \
+  --duration "${DEMO_GATEWAY_S:-180}" \
+  || echo "  (no rollback within ${DEMO_GATEWAY_S:-180}s; see $DEMO_DIR/worker.log and $DEMO_DIR/gateway.log)"
+echo "· what the gateway did (tailguard.audit):"
+"$BIN/python" - <<'PY'
+import json
+import os
+
+from tailguard.catalogue import AUDIT, default_prefix
+from tailguard.console import follow
+
+for _key, value, _headers in follow(
+    os.environ["TAILGUARD_BROKER"], default_prefix() + AUDIT, from_beginning=True, idle_exit_s=3
+):
+    note = json.loads(value or b"{}")
+    if note.get("action") == "gateway.route":
+        print(f"  {note['outcome']:>17}  {note['summary']}")
+PY

@@ -44,6 +44,8 @@ __all__ = [
     "REGISTRY",
     "SCHEMA_IDS",
     "AdminCommand",
+    "AdminReply",
+    "AuditRecord",
     "BatchInfo",
     "CacheInfo",
     "Centroid",
@@ -202,6 +204,9 @@ class InferenceEvent(_Input, kw_only=True):
     warmup: Annotated[bool, Meta(description="Warm-up request: excluded from SLOs.")] = False
     expert_ids: list[Count] = []
     rag_top1_similarity: Annotated[float, Meta(ge=-1, le=1)] | None = None
+    rag_index: Annotated[
+        str, Meta(max_length=256, description="Retrieval index that answered (RAG threshold).")
+    ] = "default"
 
 
 # --- the other inputs -----------------------------------------------------------
@@ -421,8 +426,87 @@ class DeadLetter(_Output, kw_only=True):
     index: int | None = None
 
 
+class ReplyError(_Output, kw_only=True):
+    """Why a command was refused: a stable ``code`` and a message for people."""
+
+    code: Annotated[
+        str,
+        Meta(
+            description=(
+                "malformed, invalid, unsigned, unknown_key, key_expired, bad_signature, stale, "
+                "future, replayed, unknown_action, forbidden, bad_args, not_found, conflict, "
+                "not_enabled or failed"
+            )
+        ),
+    ]
+    message: str
+
+
+class Origin(_Output, kw_only=True):
+    """Where a command was read: its admin topic, partition and offset."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class AdminReply(_Output, kw_only=True):
+    """The one reply to an admin command (SPEC §4), keyed by ``command_id``.
+
+    ``command_id`` (and ``action``, ``actor``, ``key_id``) is null when the
+    message was not a readable command; ``origin`` then says which message it was.
+    """
+
+    schema: Literal["tailguard.admin_reply.v1"] = "tailguard.admin_reply.v1"
+    event_id: str
+    ts_ms: int
+    command_id: str | None
+    ok: bool
+    action: str | None
+    actor: str | None
+    key_id: str | None
+    error: ReplyError | None
+    result: dict[str, Any] | None
+    origin: Origin
+    worker: str
+
+
+class AuditRecord(_Output, kw_only=True):
+    """One entry of the audit trail: an admin command (accepted or refused) or an
+    automatic decision. Never holds a secret."""
+
+    schema: Literal["tailguard.audit.v1"] = "tailguard.audit.v1"
+    event_id: str
+    ts_ms: int
+    kind: Literal["command", "decision"]
+    actor: Annotated[
+        str | None,
+        Meta(description="Who: the command's actor (as claimed when refused), or tailguard."),
+    ]
+    authenticated: Annotated[
+        bool | None, Meta(description="Whether the command's signature was verified.")
+    ]
+    key_id: str | None
+    role: str | None
+    action: str | None
+    args: Annotated[
+        dict[str, Any] | None,
+        Meta(description="Arguments, with secret-looking values redacted and long text cut."),
+    ]
+    args_sha256: str | None
+    outcome: Annotated[
+        str, Meta(description="ok, refused or failed for commands; the decision otherwise.")
+    ]
+    error: ReplyError | None
+    command_id: str | None
+    command_ts_ms: int | None
+    origin: Origin | None
+    worker: str
+    summary: str = ""
+
+
 InputRecord = InferenceEvent | Interaction | GpuSample | KvSnapshot | EvalScore | AdminCommand
-OutputRecord = SliSnapshot | DeadLetter
+OutputRecord = SliSnapshot | DeadLetter | AdminReply | AuditRecord
 
 #: Topic kind → input Struct.
 INPUT_RECORDS: Final[dict[str, type[InputRecord]]] = {
@@ -438,6 +522,8 @@ INPUT_RECORDS: Final[dict[str, type[InputRecord]]] = {
 OUTPUT_RECORDS: Final[dict[str, type[OutputRecord]]] = {
     "sli": SliSnapshot,
     "deadletter": DeadLetter,
+    "admin_reply": AdminReply,
+    "audit": AuditRecord,
 }
 
 #: Schema id → Struct, for every record defined here.

@@ -24,6 +24,7 @@ __all__ = [
     "AUDIT",
     "BREACHES",
     "CAPACITY",
+    "CONTROL",
     "DEADLETTER",
     "EVALS",
     "GPU",
@@ -57,6 +58,10 @@ DEADLETTER = "tailguard.deadletter"
 #: Internal: validated inference events re-keyed by series, so that one
 #: partition (and one worker) owns each series' state.
 SERIES = "tailguard.internal.series"
+#: Internal: worker-wide admin state (SLO overrides, silences, acks, key
+#: retirements), compacted and kept forever; every worker reads all of it
+#: (:mod:`tailguard.agents.control`).
+CONTROL = "tailguard.internal.control"
 
 _HOUR = 3_600_000
 _DAY = 24 * _HOUR
@@ -134,5 +139,7 @@ def _specs(p: int) -> list[TopicSpec]:
         TopicSpec(CAPACITY, 1, 30 * _DAY, description="capacity recommendations"),
         TopicSpec(ADMIN_REPLIES, 1, 7 * _DAY, description="one reply per admin command"),
         TopicSpec(AUDIT, 1, 90 * _DAY, description="audit trail"),
+        # retention -1 with compaction: the latest value of each key is kept forever.
+        TopicSpec(CONTROL, 1, -1, compact=True, description="internal: worker-wide admin state"),
         TopicSpec(DEADLETTER, p, 14 * _DAY, description="bad input with reasons"),
     ]

@@ -10,6 +10,12 @@
     tailguard tail TOPIC          follow a topic, pretty-printed
     tailguard watch               live table of SLIs per series
     tailguard report              SLI and breach summary, time × stage P99 heatmaps
+    tailguard admin …             sign and send an admin command, print its reply
+    tailguard alerts follow       breaches and release decisions as they arrive
+    tailguard alerts forward      … to an Alertmanager-compatible webhook (commit after delivery)
+    tailguard gateway --upstream URL [--upstream-canary URL]
+                                  OpenAI-compatible proxy: measures requests, routes experiments
+    tailguard simulate-upstream   a simulated OpenAI-compatible server with known delays
 
 Operators get one-line errors, not tracebacks: every ``TailguardError`` is
 printed with what to do and exits with status 2.
@@ -69,6 +75,33 @@ def cli() -> None:
     default=None,
     help="OpenSLO v1 YAML (env TAILGUARD_SLO_FILE; default: built-in SLOs).",
 )
+@click.option(
+    "--web-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve /metrics (Prometheus) and /dashboard (live page) on this port "
+    "(env TAILGUARD_WEB_PORT; default: no web server).",
+)
+@click.option(
+    "--web-bind",
+    default=None,
+    help="Address of the web server (env TAILGUARD_WEB_BIND, default 127.0.0.1).",
+)
+@click.option(
+    "--admin-keys",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Admin keys file (env TAILGUARD_ADMIN_KEYS): key ids, roles and secrets that may "
+    "sign commands on tailguard.admin; without it every command is refused.",
+)
+@click.option(
+    "--experiments-file",
+    "experiments_files",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="YAML experiments for the A/B guard (repeatable; env TAILGUARD_EXPERIMENTS_FILE, "
+    "paths joined by ':'), e.g. infra/experiments/canary.yaml.",
+)
 @click.option("--loglevel", default="info", show_default=True)
 def worker(
     broker: str,
@@ -79,6 +112,10 @@ def worker(
     lateness_ms: int | None,
     checkpoint_interval: float | None,
     slo_file: Path | None,
+    web_port: int | None,
+    web_bind: str | None,
+    admin_keys: Path | None,
+    experiments_files: tuple[Path, ...],
     loglevel: str,
 ) -> None:
     """Run a worker: validate input, keep sliding windows, publish SLIs."""
@@ -96,7 +133,21 @@ def worker(
         allowed_lateness_ms=lateness_ms,
         checkpoint_interval_s=checkpoint_interval,
         slo_file=slo_file,
+        web_port=web_port,
+        web_enabled=True if web_port is not None else None,
+        web_bind=web_bind,
+        admin_keys_file=admin_keys,
+        experiments_files=experiments_files or None,
     )
+    if settings.experiments_files:
+        from tailguard.schemas.experiments import load_experiments
+
+        for path in settings.experiments_files:
+            load_experiments(path)  # a bad file fails here, with its line, not in the worker
+    if settings.admin_keys_file is not None:
+        from tailguard.admin.keys import load_keyring
+
+        load_keyring(settings.admin_keys_file)  # a bad keys file fails here, not in the worker
     if settings.slo_file is not None:
         from tailguard.schemas.openslo import load_slos
 
@@ -130,9 +181,9 @@ def topics_list() -> None:
 
     for spec in catalogue():
         pol = "compact" if spec.compact else "delete"
+        kept = f"{spec.retention_ms // 3_600_000}h" if spec.retention_ms >= 0 else "forever"
         click.echo(
-            f"{spec.name:28} p={spec.partitions:<3} retention={spec.retention_ms // 3_600_000}h "
-            f"{pol:8} {spec.description}"
+            f"{spec.name:28} p={spec.partitions:<3} retention={kept} {pol:8} {spec.description}"
         )
 
 
@@ -217,11 +268,18 @@ def report(
 
 
 def _attach_plugins() -> None:
+    from tailguard.admin.cli import admin
+    from tailguard.alerts.cli import alerts
+    from tailguard.gateway.cli import gateway, simulate_upstream
     from tailguard.gpu.cli import gpu_sampler
     from tailguard.simulator.cli import simulate
 
     cli.add_command(simulate, "simulate")
+    cli.add_command(admin, "admin")
     cli.add_command(gpu_sampler, "gpu-sampler")
+    cli.add_command(alerts, "alerts")
+    cli.add_command(gateway, "gateway")
+    cli.add_command(simulate_upstream, "simulate-upstream")
 
 
 def main() -> None:

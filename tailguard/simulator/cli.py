@@ -24,8 +24,9 @@ from tailguard.simulator.config import (
     SimConfig,
 )
 from tailguard.simulator.errors import SimConfigError, SimulatorError
+from tailguard.simulator.kv import DEFAULT_KV_INTERVAL_S, KvTracker
 from tailguard.simulator.model import generate
-from tailguard.simulator.producer import INFERENCE_TOPIC, PACES, Pace, Stats, run
+from tailguard.simulator.producer import INFERENCE_TOPIC, KV_TOPIC, PACES, Pace, Stats, run
 
 __all__ = ["simulate"]
 
@@ -50,9 +51,16 @@ FILTER: "all" or key=value pairs joined by commas, keys service, model,
 tenant, variant, instance and intensity.
 
 \b
+--kv also sends every serving instance's KV-cache snapshot (tailguard.kv.v1)
+every --kv-interval seconds of event time; a noisy_neighbor incident raises
+the fragmentation of the instances it reaches from 0.08 towards 0.37.
+
+\b
 Examples:
   tailguard simulate --rate 50 --duration 300 \\
       --incident silent_collapse:60:240:service=chat
+  tailguard simulate --rate 20 --duration 3600 --kv --pace max \\
+      --incident noisy_neighbor:1800:3000:tenant=acme,model=llama-3.1-8b-instruct
   tailguard simulate --trace AzureLLMInferenceTrace_conv.csv --speedup 10 --pace max
   tailguard simulate --dry-run 5 --incident noisy_neighbor:0:30:tenant=acme,intensity=6
 """
@@ -151,6 +159,23 @@ def _progress(duration_s: float | None) -> Any:
 )
 @click.option("--topic", default=INFERENCE_TOPIC, show_default=True, help="Target topic.")
 @click.option(
+    "--experiment",
+    default="exp-ttft-1",
+    show_default=True,
+    help="Experiment id on every event (users split by hash over control/treatment).",
+)
+@click.option(
+    "--kv", "kv", is_flag=True, help="Also send KV-cache snapshots per instance (--kv-topic)."
+)
+@click.option("--kv-topic", default=KV_TOPIC, show_default=True, help="Topic of the KV snapshots.")
+@click.option(
+    "--kv-interval",
+    type=click.FloatRange(min=0.1),
+    default=DEFAULT_KV_INTERVAL_S,
+    show_default=True,
+    help="Seconds of event time between two snapshots of an instance.",
+)
+@click.option(
     "--start-ms",
     type=click.IntRange(min=0),
     default=None,
@@ -187,6 +212,10 @@ def simulate(
     batch_size: int,
     incidents: tuple[str, ...],
     topic: str,
+    experiment: str,
+    kv: bool,
+    kv_topic: str,
+    kv_interval: float,
     start_ms: int | None,
     dry_run: int | None,
     connect_timeout: float,
@@ -208,12 +237,13 @@ def simulate(
             speedup=speedup,
             start_ms=start_ms,
             incidents=_parse_incidents(incidents),
+            experiment=experiment,
         )
     except SimConfigError as exc:
         raise click.UsageError(str(exc)) from None
 
     if dry_run is not None:
-        _print_events(cfg, dry_run)
+        _print_events(cfg, dry_run, kv_interval if kv else None)
         return
 
     if not quiet:
@@ -231,6 +261,8 @@ def simulate(
             pace=cast(Pace, pace),
             on_progress=None if quiet else _progress(duration),
             connect_timeout_s=connect_timeout,
+            kv_topic=kv_topic if kv else None,
+            kv_interval_s=kv_interval,
         )
     except (SimulatorError, SimConfigError) as exc:
         raise click.ClickException(str(exc)) from None
@@ -252,13 +284,27 @@ def _span_s(kind: str, duration: float | None, trace: Path | None, speedup: floa
     return span if duration is None else min(duration, span)
 
 
-def _print_events(cfg: SimConfig, limit: int) -> None:
+def _print_events(cfg: SimConfig, limit: int, kv_interval_s: float | None) -> None:
+    """The first ``limit`` records (0: all); with ``kv_interval_s``, KV snapshots
+    are interleaved with the events in event time."""
     encoder = msgspec.json.Encoder()
     out = sys.stdout.buffer
-    for i, ev in enumerate(generate(cfg)):
-        if limit and i >= limit:
+    tracker = KvTracker(cfg, interval_s=kv_interval_s) if kv_interval_s is not None else None
+    events = generate(cfg) if tracker is None else tracker.watch(generate(cfg))
+    printed = 0
+    for ev in events:
+        records = [] if tracker is None else tracker.due()
+        for record in [*records, ev]:
+            if limit and printed >= limit:
+                out.flush()
+                return
+            out.write(encoder.encode(record) + b"\n")
+            printed += 1
+    for record in [] if tracker is None else tracker.finish():
+        if limit and printed >= limit:
             break
-        out.write(encoder.encode(ev) + b"\n")
+        out.write(encoder.encode(record) + b"\n")
+        printed += 1
     out.flush()
 
 

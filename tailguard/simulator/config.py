@@ -29,6 +29,11 @@ kind                 effect on the matching requests                            
                      streams slower (the target needs a ``tenant``)
 ``slow_treatment``   prefill (hence TTFT) of one variant is ``intensity`` x      TTFT factor [1.6]
                      slower; the variant defaults to the last one ("treatment")
+``prompt_cache_miss`` a canary arm ships a new ``prompt_version`` ("v2"; the     share of matching
+                     others say "v1") whose prefix no longer matches the        requests hit [1.0]
+                     cached one: prefix-cache hit share ~ Beta(0.75, 9.5)
+                     (mean 7.3 %), so prefill runs over ~93 % of the prompt
+                     and TTFT rises; the variant defaults to the last one
 ===================  =========================================================  ========
 """
 
@@ -66,12 +71,14 @@ INCIDENT_KINDS: tuple[str, ...] = (
     "error_burst",
     "noisy_neighbor",
     "slow_treatment",
+    "prompt_cache_miss",
 )
 INCIDENT_DEFAULT_INTENSITY: dict[str, float] = {
     "silent_collapse": 1.0,
     "error_burst": 0.15,
     "noisy_neighbor": 4.0,
     "slow_treatment": 1.6,
+    "prompt_cache_miss": 1.0,
 }
 TRACE_COLUMNS: tuple[str, ...] = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 AZURE_TRACE_ATTRIBUTION = (
@@ -277,8 +284,8 @@ class Incident:
             if self.intensity is None
             else _finite_number(f"{self.kind}: intensity", self.intensity)
         )
-        if self.kind in ("silent_collapse", "error_burst") and not 0 < x <= 1:
-            what = "share of requests hit" if self.kind == "silent_collapse" else "non-ok rate"
+        if self.kind in ("silent_collapse", "error_burst", "prompt_cache_miss") and not 0 < x <= 1:
+            what = "non-ok rate" if self.kind == "error_burst" else "share of requests hit"
             msg = f"{self.kind}: intensity is the {what} and must be in (0, 1], got {x!r}"
             raise _fail(msg)
         if self.kind == "noisy_neighbor":
@@ -534,9 +541,9 @@ class SimConfig:
             if not isinstance(inc, Incident):
                 msg = f"incidents entries must be Incident, got {inc!r}"
                 raise _fail(msg)
-            if inc.kind == "slow_treatment" and inc.target.variant is None:
+            if inc.kind in ("slow_treatment", "prompt_cache_miss") and inc.target.variant is None:
                 if not self.variants:
-                    msg = "slow_treatment needs variants (there is no treatment to slow down)"
+                    msg = f"{inc.kind} needs variants (there is no treatment to slow down)"
                     raise _fail(msg)
                 inc = replace(inc, target=replace(inc.target, variant=self.variants[-1]))
             self._check_target(inc)

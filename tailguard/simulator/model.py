@@ -62,7 +62,7 @@ from __future__ import annotations
 import hashlib
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +71,7 @@ import numpy.typing as npt
 
 from tailguard.simulator.arrivals import ArrivalBlock, Trace, arrival_blocks, load_trace
 from tailguard.simulator.config import Incident, SimConfig
+from tailguard.simulator.kv import frag_slowdown, fragmentation_level, noisy_windows
 
 __all__ = [
     "BATCH_BACKOFF_MS",
@@ -80,6 +81,7 @@ __all__ = [
     "MIN_BATCH",
     "Incident",
     "SimConfig",
+    "batch_events",
     "generate",
     "generate_batches",
 ]
@@ -192,6 +194,7 @@ class _Fleet:
                 for pos, u in enumerate(order):
                     self.unit_variant[ti, u] = pos % nv
         self.targets = [self._compile(i) for i in cfg.incidents]
+        self.noisy = noisy_windows(cfg)
         if cfg.arrivals == "replay" and trace is not None and trace.span_s > 0:
             self.mean_rate = len(trace.offsets_s) / trace.span_s * cfg.speedup
         else:
@@ -356,6 +359,7 @@ def _simulate(
     burst = np.zeros(n, dtype=bool)
     load = np.ones(n)
     slow = np.ones(n)
+    canary = np.zeros(n, dtype=bool)  # prompt_cache_miss: a new prompt version misses the cache
     for tg in fleet.targets:
         m = _match(fleet, tg, r, variant)
         if tg.kind == "silent_collapse":
@@ -365,12 +369,21 @@ def _simulate(
             burst |= m
         elif tg.kind == "noisy_neighbor":
             load[m] = np.maximum(load[m], tg.level)
+        elif tg.kind == "prompt_cache_miss":
+            canary |= m & (u_collapse < tg.level)
         else:  # slow_treatment
             slow[m] *= tg.level
 
+    # KV fragmentation a noisy neighbour causes (1.0 everywhere else; see simulator.kv)
+    frag_front, frag_decode = frag_slowdown(fragmentation_level(fleet.noisy, r.instance, r.t_s))
+
     # --- front half: tokenize, queue, batching, cache, flow control, prefill ---
     tokenize = (TOKENIZE_BASE_MS + TOKENIZE_PER_TOKEN_MS * inp) * rng.lognormal(0.0, 0.25, n)
-    sched = rng.lognormal(math.log(QUEUE_MEDIAN_MS), QUEUE_SIGMA, n) * (1.0 + 0.6 * (load - 1.0))
+    sched = (
+        rng.lognormal(math.log(QUEUE_MEDIAN_MS), QUEUE_SIGMA, n)
+        * (1.0 + 0.6 * (load - 1.0))
+        * frag_front
+    )
     b_size = np.clip(2 + rng.poisson(6.0 + 2.0 * (load - 1.0)), 1, 64)
     b_wait = np.minimum(rng.exponential(BATCH_WAIT_MEAN_MS, n), BATCH_TIMEOUT_MS)
     timed_out = collapse & (rng.random(n) < COLLAPSE_BATCH_TIMEOUT_P)
@@ -382,7 +395,9 @@ def _simulate(
     b_wait = np.where(timed_out, wait_to, np.where(filled, wait_fill, b_wait))
     b_size = np.where(timed_out, small, np.where(filled, MIN_BATCH, b_size))
     hit_share = np.where(
-        collapse, rng.beta(*CACHE_HIT_BETA_COLLAPSE, n), rng.beta(*CACHE_HIT_BETA_NORMAL, n)
+        collapse | canary,
+        rng.beta(*CACHE_HIT_BETA_COLLAPSE, n),
+        rng.beta(*CACHE_HIT_BETA_NORMAL, n),
     )
     hit = np.minimum(np.rint(hit_share * inp), inp).astype(np.int64)
     throttled = collapse & (rng.random(n) < COLLAPSE_THROTTLED_P)
@@ -399,6 +414,7 @@ def _simulate(
         * fleet.pair_ttft_scale[r.pair]
         * slow
         * rng.lognormal(0.0, PREFILL_SIGMA, n)
+        * frag_front
     )
     queue = sched + b_wait + throttle_wait
 
@@ -422,6 +438,7 @@ def _simulate(
         fleet.pair_itl[r.pair]
         * rng.lognormal(0.0, ITL_REQUEST_SIGMA, n)
         * (1.0 + 0.12 * (load - 1.0))
+        * frag_decode
     )
     gaps = np.repeat(req_scale, n_gaps) * np.exp(ITL_TOKEN_SIGMA * rng.standard_normal(total))
     spikes = np.flatnonzero(rng.random(total) < np.repeat(ITL_SPIKE_P * load, n_gaps))
@@ -514,6 +531,9 @@ def _simulate(
             ev["batch"] = {"size": bs, "wait_ms": bw, "timed_out": bto}
         ev["flow_control"] = {"throttled": thr, "limit_tokens_per_s": lim}
         events.append(ev)
+    if any(tg.kind == "prompt_cache_miss" for tg in fleet.targets):
+        for ev, new_prompt in zip(events, canary.tolist(), strict=True):
+            ev["prompt_version"] = "v2" if new_prompt else "v1"
     return events
 
 
@@ -561,8 +581,16 @@ def generate_batches(
     if isinstance(max_span_ms, bool) or not isinstance(max_span_ms, int) or max_span_ms < 0:
         msg = f"max_span_ms must be an integer >= 0, got {max_span_ms!r}"
         raise ValueError(msg)
+    yield from batch_events(generate(cfg), batch_size, max_span_ms=max_span_ms)
+
+
+def batch_events(
+    events: Iterable[dict[str, Any]], batch_size: int, *, max_span_ms: int = 1000
+) -> Iterator[list[dict[str, Any]]]:
+    """:func:`generate_batches` over events already generated (e.g. watched by a
+    :class:`~tailguard.simulator.kv.KvTracker`); arguments are not re-checked."""
     open_: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for ev in generate(cfg):
+    for ev in events:
         ts = ev["ts_ms"]
         stale = [k for k, b in open_.items() if ts - b[0]["ts_ms"] > max_span_ms]
         for k in sorted(stale, key=lambda k: open_[k][0]["ts_ms"]):

@@ -1,9 +1,14 @@
-"""Send simulated inference events to Kafka (``tailguard.inference``).
+"""Send simulated inference events to Kafka (``tailguard.inference``), and KV snapshots.
 
 Each Kafka message is a JSON array of up to ``batch_size`` events of one
 ``service/model`` (SPEC §1 allows a batch per message); the key is
 ``"service/model"``. The producer is idempotent with ``acks=all``, lingers
 20 ms and compresses with lz4.
+
+With ``kv_topic`` set, the KV-cache snapshots of every instance
+(:mod:`tailguard.simulator.kv`, one every ``kv_interval_s`` of event time) go
+to that topic (``tailguard.kv``) as one JSON object per message keyed by the
+instance, interleaved with the inference batches in event time.
 
 Pacing::
 
@@ -28,10 +33,12 @@ import msgspec
 
 from tailguard.simulator.config import SimConfig
 from tailguard.simulator.errors import SimulatorError
-from tailguard.simulator.model import generate_batches
+from tailguard.simulator.kv import DEFAULT_KV_INTERVAL_S, KvTracker
+from tailguard.simulator.model import batch_events, generate, generate_batches
 
 __all__ = [
     "INFERENCE_TOPIC",
+    "KV_TOPIC",
     "MAX_MESSAGE_BYTES",
     "PACES",
     "ProducerPort",
@@ -41,6 +48,7 @@ __all__ = [
 ]
 
 INFERENCE_TOPIC = "tailguard.inference"
+KV_TOPIC = "tailguard.kv"
 PACES: tuple[str, ...] = ("realtime", "max")
 MAX_MESSAGE_BYTES = 900_000  # below the broker's default 1 MiB message.max.bytes
 Pace = Literal["realtime", "max"]
@@ -86,6 +94,8 @@ class Stats:
     last_ts_ms: int | None = None
     elapsed_s: float = 0.0
     interrupted: bool = False
+    #: KV snapshots sent (one per instance and interval; 0 without ``kv_topic``).
+    kv_snapshots: int = 0
 
     @property
     def events_per_s(self) -> float:
@@ -224,6 +234,8 @@ def run(
     max_message_bytes: int = MAX_MESSAGE_BYTES,
     kafka_config: Mapping[str, Any] | None = None,
     producer: ProducerPort | None = None,
+    kv_topic: str | None = None,
+    kv_interval_s: float = DEFAULT_KV_INTERVAL_S,
 ) -> Stats:
     """Generate ``cfg``'s events and produce them to ``topic``; return what was sent.
 
@@ -233,8 +245,11 @@ def run(
     ``progress_interval_s`` and once at the end. Ctrl-C stops generating, flushes
     what was sent and returns with ``stats.interrupted = True``.
 
+    ``kv_topic``: also send each instance's KV snapshot every ``kv_interval_s``
+    of event time to that topic (keyed by instance; paced like the events).
+
     Raises :class:`SimulatorError` when the broker cannot be reached within
-    ``connect_timeout_s`` or the topic does not exist. ``producer`` replaces the
+    ``connect_timeout_s`` or a topic does not exist. ``producer`` replaces the
     confluent-kafka producer (tests); ``kafka_config`` overrides its settings.
     """
     if pace not in PACES:
@@ -246,8 +261,11 @@ def run(
     if producer is None:
         producer = _connect(broker, kafka_config, connect_timeout_s)
     _check_topic(producer, broker, topic, connect_timeout_s)
+    if kv_topic is not None:
+        _check_topic(producer, broker, kv_topic, connect_timeout_s)
     if pace == "realtime":
         cfg = replace(cfg, start_ms=_now_ms())
+    tracker = KvTracker(cfg, interval_s=kv_interval_s) if kv_topic is not None else None
 
     stats = Stats()
     delivery = _Delivery(stats)
@@ -263,11 +281,11 @@ def run(
             next_report = time.monotonic() + progress_interval_s
             on_progress(stats)
 
-    def send(n_events: int, key: bytes, payload: bytes) -> None:
+    def send(n_events: int, key: bytes, payload: bytes, to: str = topic) -> None:
         while True:
             try:
                 producer.produce(
-                    topic,
+                    to,
                     value=payload,
                     key=key,
                     on_delivery=delivery.callback(n_events),
@@ -280,8 +298,23 @@ def run(
         stats.events += n_events
         stats.bytes += len(payload)
 
+    def send_kv(snapshots: list[dict[str, Any]]) -> None:
+        assert kv_topic is not None
+        for snap in snapshots:
+            if pace == "realtime":
+                while (wait_ms := snap["ts_ms"] - _now_ms()) > 0:
+                    producer.poll(min(wait_ms / 1000.0, 0.2))
+                    report()
+            send(0, snap["instance"].encode(), encoder.encode(snap), kv_topic)
+            stats.kv_snapshots += 1
+
+    batches = (
+        generate_batches(cfg, batch_size)
+        if tracker is None
+        else batch_events(tracker.watch(generate(cfg)), batch_size)
+    )
     try:
-        for batch in generate_batches(cfg, batch_size):
+        for batch in batches:
             if pace == "realtime":
                 due_ms = batch[-1]["ts_ms"]
                 while (wait_ms := due_ms - _now_ms()) > 0:
@@ -294,8 +327,12 @@ def run(
             lo, hi = batch[0]["ts_ms"], batch[-1]["ts_ms"]
             stats.first_ts_ms = lo if stats.first_ts_ms is None else min(lo, stats.first_ts_ms)
             stats.last_ts_ms = hi if stats.last_ts_ms is None else max(hi, stats.last_ts_ms)
+            if tracker is not None:
+                send_kv(tracker.due())
             producer.poll(0)
             report()
+        if tracker is not None:
+            send_kv(tracker.finish())
     except KeyboardInterrupt:
         stats.interrupted = True
     finally:

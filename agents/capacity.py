@@ -1,0 +1,377 @@
+"""Capacity agent: throughput knee, scaling, warm-up, MoE expert breakers, RAG threshold.
+
+::
+
+    ingest (validated events) ──forward──▶ tailguard.internal.capacity ──▶ capacity agent
+         (compact rows, keyed by deployment service|model)                 │
+                                                                            ├─▶ tailguard.capacity
+    GpuCache (latest tailguard.gpu sample per host:gpu) ──join─────────────┤
+                                                                            └─▶ tailguard.audit
+
+The maths lives in :mod:`tailguard.streams.knee`, :mod:`~tailguard.streams.capacity`,
+:mod:`~tailguard.streams.breaker` and :mod:`~tailguard.streams.rag`; everything
+is decided on event time, and event ids are derived from (kind, subject, event
+time, decision), so a replay of the same events publishes the same records.
+
+State is held in memory per deployment (the knee history, hysteresis streaks,
+breaker windows, similarity windows). It is not yet checkpointed to RocksDB: a
+restarted worker rebuilds it from new traffic (the knee needs ``min_samples``
+intervals again, and refuses to claim one meanwhile).
+"""
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+import msgspec
+from tailguard.agents.outputs import OutputError, Outputs
+from tailguard.agents.publish import frame
+from tailguard.agents.settings import Settings
+from tailguard.agents.topics import precreate_topics
+from tailguard.schemas import InferenceEvent
+from tailguard.streams.breaker import BreakerPolicy, ExpertBreakers
+from tailguard.streams.capacity import (
+    HOLD,
+    Decision,
+    LoadWindow,
+    ScalePolicy,
+    ScaleState,
+    WarmupTracker,
+    decide,
+)
+from tailguard.streams.knee import KneeConfig, KneeTracker
+from tailguard.streams.rag import RagConfig, RagThreshold
+
+from tailguard import catalogue as cat
+
+__all__ = ["CAPACITY_INTERNAL", "SCHEMA", "CapacityPlane", "CapacityTuning", "register_capacity"]
+
+SCHEMA = "tailguard.capacity.v1"
+#: Internal: validated inference events re-keyed by deployment (service|model).
+CAPACITY_INTERNAL = "tailguard.internal.capacity"
+_DAY_S = 86_400.0
+#: Holds published (besides scale_up/scale_down): a wanted action that a guard blocked.
+_BLOCKED = {"weights_resident", "cooldown"}
+
+# One compact row per request (positional, to keep the forwarded messages small).
+Row = tuple[
+    int, float, float | None, int, bool, bool, str, str, list[int], list[int], float | None, str
+]
+_encode = msgspec.json.Encoder().encode
+_decode_rows = msgspec.json.Decoder(list[Row]).decode
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityTuning:
+    """Every knob of the capacity agent (defaults: SPEC.md §3 item 7)."""
+
+    interval_ms: int = 10_000
+    grace_ms: int = 2_000
+    knee: KneeConfig = field(default_factory=KneeConfig)
+    scale: ScalePolicy = field(default_factory=ScalePolicy)
+    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+    rag: RagConfig = field(default_factory=RagConfig)
+    warmup_after: int = 20
+
+    @classmethod
+    def from_json(cls, text: str) -> "CapacityTuning":
+        """From ``TAILGUARD_CAPACITY`` JSON: {"interval_ms":…, "knee":{…}, "scale":{…}, …}."""
+        raw = json.loads(text) if text else {}
+        parts = {
+            "knee": KneeConfig,
+            "scale": ScalePolicy,
+            "breaker": BreakerPolicy,
+            "rag": RagConfig,
+        }
+        kw: dict[str, Any] = {k: parts[k](**v) for k, v in raw.items() if k in parts}
+        kw.update({k: v for k, v in raw.items() if k not in parts})
+        return cls(**kw)
+
+
+@dataclass(slots=True)
+class _Deployment:
+    service: str
+    model: str
+    tuning: CapacityTuning
+    load: LoadWindow
+    knee: KneeTracker
+    scale: ScaleState = field(default_factory=ScaleState)
+    experts: ExpertBreakers = field(default_factory=ExpertBreakers)
+    rag: dict[str, RagThreshold] = field(default_factory=dict)
+    warmup: WarmupTracker = field(default_factory=WarmupTracker)
+    gpus: set[tuple[str, int]] = field(default_factory=set)
+    last_hold: str | None = None
+
+    @classmethod
+    def new(cls, service: str, model: str, tuning: CapacityTuning) -> "_Deployment":
+        return cls(
+            service,
+            model,
+            tuning,
+            LoadWindow(tuning.interval_ms, tuning.grace_ms),
+            KneeTracker(tuning.knee),
+            experts=ExpertBreakers(tuning.breaker),
+            warmup=WarmupTracker(tuning.warmup_after),
+        )
+
+
+@dataclass(slots=True)
+class CapacityStats:
+    rows: int = 0
+    published: int = 0
+    late: int = 0
+
+
+@dataclass(slots=True)
+class CapacityPlane:
+    """What :func:`register_capacity` returns: the ingest hook and the counters."""
+
+    forward: Any
+    stats: CapacityStats
+    deployments: dict[str, _Deployment]
+    agent: Any = None
+
+
+def _event_id(*parts: object) -> str:
+    return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:32]
+
+
+def _row(ev: InferenceEvent) -> Row:
+    return (
+        ev.ts_ms,
+        float(ev.e2e_ms),
+        None if ev.ttft_ms is None else float(ev.ttft_ms),
+        int(ev.output_tokens or 0),
+        ev.status == "ok",
+        bool(ev.warmup),
+        ev.instance or "",
+        ev.host or "",
+        list(ev.gpu_ids or ()),
+        list(ev.expert_ids or ()),
+        ev.rag_top1_similarity,
+        getattr(ev, "rag_index", "default") or "default",
+    )
+
+
+def _partition(key: str, partitions: int) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "big") % partitions
+
+
+def register_capacity(
+    app: faust.App,
+    settings: Settings,
+    *,
+    outputs: Outputs,
+    gpu_cache: Any = None,
+    admin: Any = None,
+    tuning: CapacityTuning | None = None,
+) -> CapacityPlane:
+    """Declare the internal topic and attach the capacity agent."""
+    import os
+
+    tune = tuning or CapacityTuning.from_json(os.environ.get("TAILGUARD_CAPACITY", ""))
+    internal = app.topic(
+        settings.topic_prefix + CAPACITY_INTERNAL,
+        key_serializer="raw",
+        value_serializer="raw",
+        allow_empty=True,
+        internal=True,
+        partitions=settings.partitions,
+        retention=_DAY_S,
+    )
+    precreate_topics(settings, [settings.topic_prefix + CAPACITY_INTERNAL], [])
+    out_topic = settings.topic_prefix + cat.CAPACITY
+    cstats = CapacityStats()
+    deployments: dict[str, _Deployment] = {}
+
+    async def forward(
+        events: Sequence[InferenceEvent], positions: Sequence[tuple[int, int]]
+    ) -> None:
+        groups: dict[str, list[Row]] = {}
+        for ev in events:
+            groups.setdefault(f"{ev.service}|{ev.model}", []).append(_row(ev))
+        for key, rows in groups.items():
+            await internal.send(
+                key=key.encode(),
+                value=_encode(rows),
+                partition=_partition(key, settings.partitions),
+            )
+
+    def gpu_state(dep: _Deployment) -> tuple[float | None, float | None, dict[str, Any]]:
+        """Mean GPU utilisation and the highest memory fraction of the deployment's GPUs."""
+        utils: list[float] = []
+        mems: list[float] = []
+        for host, gpu in sorted(dep.gpus):
+            raw = gpu_cache.get(f"{host}:{gpu}".encode()) if gpu_cache is not None else None
+            if raw is None:
+                continue
+            try:
+                s = json.loads(raw)
+            except ValueError:
+                continue
+            if s.get("util_gpu_pct") is not None:
+                utils.append(float(s["util_gpu_pct"]))
+            if s.get("mem_used_mib") is not None and s.get("mem_total_mib"):
+                mems.append(float(s["mem_used_mib"]) / float(s["mem_total_mib"]))
+        util = round(sum(utils) / len(utils), 3) if utils else None
+        mem = max(mems) if mems else None
+        return (
+            util,
+            mem,
+            {"gpus": [f"{h}:{g}" for h, g in sorted(dep.gpus)], "gpus_sampled": len(utils)},
+        )
+
+    def publish(
+        dep: _Deployment,
+        kind: str,
+        decision: str,
+        ts_ms: int,
+        evidence: dict[str, Any],
+        *,
+        subject: str = "",
+        reason: str = "",
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        key = f"{dep.service}|{dep.model}"
+        eid = _event_id(kind, key, subject, ts_ms, decision)
+        payload: dict[str, Any] = {
+            "schema": SCHEMA,
+            "event_id": eid,
+            "ts_ms": ts_ms,
+            "kind": kind,
+            "decision": decision,
+            "reason": reason,
+            "deployment": {"service": dep.service, "model": dep.model},
+            "expert": None,
+            "index": None,
+            "instance": None,
+            "evidence": evidence,
+        }
+        payload.update(extra or {})
+        value, headers = frame(payload, source=settings.source)
+        outputs.send(out_topic, key.encode(), value, headers)
+        cstats.published += 1
+        if admin is not None:
+            admin.audit_decision(
+                f"capacity.{kind}",
+                {"deployment": payload["deployment"], "subject": subject, "evidence": evidence},
+                decision,
+                seed=eid,
+                summary=reason,
+                key=key,
+            )
+
+    def on_scale(dep: _Deployment, d: Decision, ts_ms: int, gpu_ev: dict[str, Any]) -> None:
+        if d.actionable:
+            dep.last_hold = None
+            publish(dep, "scale", d.decision, ts_ms, {**d.evidence, **gpu_ev}, reason=d.reason)
+            return
+        if d.reason in _BLOCKED and d.reason != dep.last_hold:
+            publish(dep, "scale", HOLD, ts_ms, {**d.evidence, **gpu_ev}, reason=d.reason)
+        dep.last_hold = d.reason if d.reason in _BLOCKED else None
+
+    def absorb(dep: _Deployment, rows: list[Row]) -> None:
+        for ts, e2e, ttft, tokens, ok, warm, instance, host, gpus, experts, sim, index in rows:
+            if instance:
+                report = dep.warmup.add(instance, warm, ttft)
+                if report is not None:
+                    publish(
+                        dep,
+                        "warmup",
+                        "effective" if report.effective else "ineffective",
+                        ts,
+                        report.evidence(),
+                        subject=instance,
+                        extra={"instance": instance},
+                    )
+            if host:
+                dep.gpus.update((host, g) for g in gpus)
+            for t in dep.experts.observe(experts, ok, e2e, ts):
+                ev = {**t.evidence, "before": t.before, "open_experts": dep.experts.states()}
+                ev["fallback_share"] = round(dep.experts.fallback_share(), 4)
+                publish(
+                    dep,
+                    "breaker",
+                    t.after,
+                    ts,
+                    ev,
+                    subject=str(t.expert),
+                    extra={"expert": t.expert},
+                )
+            if sim is not None:
+                tracker = dep.rag.get(index)
+                if tracker is None:
+                    tracker = dep.rag[index] = RagThreshold(dep.tuning.rag)
+                change = tracker.add(sim)
+                if change is not None:
+                    previous = change["previous"]
+                    direction = (
+                        "initial"
+                        if previous is None
+                        else "lowered"
+                        if change["threshold"] < previous
+                        else "raised"
+                    )
+                    publish(
+                        dep,
+                        "rag_threshold",
+                        direction,
+                        ts,
+                        change,
+                        subject=index,
+                        extra={"index": index},
+                    )
+            if warm:
+                continue  # warm-up load is not serving capacity
+            before = dep.load.late
+            for closed in dep.load.add(ts, e2e, tokens):
+                knee = dep.knee.add(closed.sample)
+                if knee is not None:
+                    publish(dep, "knee", "updated", closed.end_ms, knee.evidence())
+                util, mem, gpu_ev = gpu_state(dep)
+                gpu_ev.update(
+                    interval_start_ms=closed.start_ms,
+                    requests=closed.requests,
+                    p95_ms=round(closed.sample.p95_ms, 3),
+                    tokens_per_s=round(closed.sample.tokens_per_s, 3),
+                )
+                d = decide(
+                    dep.tuning.scale,
+                    dep.scale,
+                    ts_ms=closed.end_ms,
+                    concurrency=closed.sample.concurrency,
+                    knee=dep.knee.published,
+                    util_pct=util,
+                    mem_fraction=mem,
+                )
+                on_scale(dep, d, closed.end_ms, gpu_ev)
+                dep.gpus.clear()
+            cstats.late += dep.load.late - before
+
+    @app.agent(internal, name="tailguard.capacity")
+    async def capacity(stream: faust.StreamT[bytes]) -> None:
+        async for event in stream.events():
+            key = (event.key or b"").decode()
+            service, _, model = key.partition("|")
+            try:
+                rows = _decode_rows(event.value)
+            except msgspec.DecodeError as exc:  # written by our own forwarder: a bug
+                app.log.error("tailguard: undecodable capacity rows on %s: %s", key, exc)
+                continue
+            dep = deployments.get(key)
+            if dep is None:
+                dep = deployments[key] = _Deployment.new(service, model, tune)
+            cstats.rows += len(rows)
+            absorb(dep, rows)
+            if cstats.published:
+                while True:
+                    try:
+                        await outputs.flush(timeout_s=30.0)
+                        break
+                    except OutputError as exc:
+                        app.log.warning("tailguard: capacity records not delivered yet: %s", exc)
+
+    return CapacityPlane(forward, cstats, deployments, capacity)

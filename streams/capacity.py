@@ -1,0 +1,313 @@
+"""Capacity: per-interval load of a deployment, scaling decisions, warm-up reports.
+
+Load per interval (event time, so a replay gives the same decisions)::
+
+    interval  [t0 ─────────────── t0 + L)        closed once an event at
+              │  req  req   req  req  │           ≥ t0 + L + grace arrives
+    concurrency  = Σ e2e_ms / L        (Little's law: N = λ·W = (n/L)·mean W)
+    P95          = 95th percentile of e2e_ms of the requests that arrived
+    tokens/s     = Σ output_tokens / (L / 1000)
+
+Scaling decision tree (SPEC.md §3 item 7), evaluated once per closed interval::
+
+    no knee yet ........................................ hold (no_knee)
+    concurrency ≥ up_factor·knee for up_intervals in a row
+        in cool-down ................................... hold (cooldown)
+        else ........................................... scale_up
+    util < util_below_pct and concurrency < down_factor·knee
+        for down_intervals in a row
+        util unknown ................................... hold (util_unknown)
+        resident memory > mem_ceiling ................... hold (weights_resident)
+        in cool-down ................................... hold (cooldown)
+        else ........................................... scale_down
+    otherwise .......................................... hold (steady)
+
+Hysteresis: the streak counters reset after every decision and whenever the
+condition breaks, and a cool-down (``cooldown_ms``, event time) follows each
+decision, so a load hovering at a threshold cannot flap. "CPU" in the spec is
+read as the serving accelerator's utilisation (``util_gpu_pct`` of the GPUs
+the deployment's requests name, from ``tailguard.gpu``); memory is their
+``mem_used_mib / mem_total_mib`` (the resident weights plus KV cache — an upper
+bound of the weights, so the guard errs on the side of not scaling down).
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tailguard.streams.errors import ConfigError
+from tailguard.streams.knee import LoadSample
+
+__all__ = [
+    "HOLD",
+    "SCALE_DOWN",
+    "SCALE_UP",
+    "Decision",
+    "IntervalLoad",
+    "LoadWindow",
+    "ScalePolicy",
+    "ScaleState",
+    "WarmupReport",
+    "WarmupTracker",
+    "decide",
+]
+
+SCALE_UP = "scale_up"
+SCALE_DOWN = "scale_down"
+HOLD = "hold"
+
+
+@dataclass(slots=True)
+class _Open:
+    e2e: list[float] = field(default_factory=list)
+    tokens: int = 0
+
+
+@dataclass(slots=True)
+class IntervalLoad:
+    """One closed interval: the load sample plus the request count."""
+
+    start_ms: int
+    end_ms: int
+    requests: int
+    sample: LoadSample
+
+
+@dataclass(slots=True)
+class LoadWindow:
+    """Event-time intervals of one deployment; late requests are counted, not merged."""
+
+    interval_ms: int = 10_000
+    grace_ms: int = 2_000
+    open: dict[int, _Open] = field(default_factory=dict)
+    closed_through: int = -1
+    late: int = 0
+
+    def add(self, ts_ms: int, e2e_ms: float, output_tokens: int) -> list[IntervalLoad]:
+        """Add one request; return the intervals this closed (oldest first)."""
+        start = ts_ms - ts_ms % self.interval_ms
+        if start <= self.closed_through:
+            self.late += 1
+            return []
+        slot = self.open.get(start)
+        if slot is None:
+            slot = self.open[start] = _Open()
+        slot.e2e.append(e2e_ms)
+        slot.tokens += output_tokens
+        return self._close(ts_ms - self.grace_ms)
+
+    def _close(self, watermark: int) -> list[IntervalLoad]:
+        out: list[IntervalLoad] = []
+        for start in sorted(self.open):
+            end = start + self.interval_ms
+            if end > watermark:
+                break
+            slot = self.open.pop(start)
+            e2e = np.asarray(slot.e2e, dtype=np.float64)
+            sample = LoadSample(
+                ts_ms=end,
+                concurrency=float(e2e.sum()) / self.interval_ms,
+                p95_ms=float(np.percentile(e2e, 95)),
+                tokens_per_s=slot.tokens * 1000.0 / self.interval_ms,
+            )
+            out.append(IntervalLoad(start, end, len(slot.e2e), sample))
+            self.closed_through = start
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ScalePolicy:
+    """Thresholds of the scaling decision tree (defaults: SPEC.md §3 item 7)."""
+
+    up_factor: float = 1.2
+    down_factor: float = 0.6
+    util_below_pct: float = 40.0
+    down_intervals: int = 3
+    up_intervals: int = 1
+    mem_ceiling: float = 0.85
+    cooldown_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        if not 0 < self.down_factor < 1 < self.up_factor:
+            msg = "need 0 < down_factor < 1 < up_factor (a dead band between them)"
+            raise ConfigError(msg)
+        if self.down_intervals < 1 or self.up_intervals < 1:
+            msg = "down_intervals and up_intervals must be ≥ 1"
+            raise ConfigError(msg)
+        if not 0 < self.mem_ceiling <= 1:
+            msg = f"mem_ceiling is a fraction in (0, 1], got {self.mem_ceiling}"
+            raise ConfigError(msg)
+        if self.cooldown_ms < 0:
+            msg = "cooldown_ms must be ≥ 0"
+            raise ConfigError(msg)
+
+
+@dataclass(slots=True)
+class ScaleState:
+    """The hysteresis state of one deployment."""
+
+    high_streak: int = 0
+    low_streak: int = 0
+    last_action_ms: int | None = None
+    last_action: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A scaling verdict with everything it was decided from."""
+
+    decision: str
+    reason: str
+    evidence: dict[str, Any]
+
+    @property
+    def actionable(self) -> bool:
+        return self.decision != HOLD
+
+
+def decide(
+    policy: ScalePolicy,
+    state: ScaleState,
+    *,
+    ts_ms: int,
+    concurrency: float,
+    knee: float | None,
+    util_pct: float | None,
+    mem_fraction: float | None,
+) -> Decision:
+    """One step of the decision tree (mutates ``state``); see the module docstring."""
+    evidence: dict[str, Any] = {
+        "concurrency": round(concurrency, 4),
+        "knee": None if knee is None else round(knee, 4),
+        "util_pct": util_pct,
+        "mem_fraction": None if mem_fraction is None else round(mem_fraction, 4),
+        "up_threshold": None if knee is None else round(policy.up_factor * knee, 4),
+        "down_threshold": None if knee is None else round(policy.down_factor * knee, 4),
+        "policy": {
+            "up_factor": policy.up_factor,
+            "down_factor": policy.down_factor,
+            "util_below_pct": policy.util_below_pct,
+            "down_intervals": policy.down_intervals,
+            "up_intervals": policy.up_intervals,
+            "mem_ceiling": policy.mem_ceiling,
+            "cooldown_ms": policy.cooldown_ms,
+        },
+    }
+
+    def out(decision: str, reason: str) -> Decision:
+        evidence["high_streak"] = state.high_streak
+        evidence["low_streak"] = state.low_streak
+        evidence["last_action_ms"] = state.last_action_ms
+        return Decision(decision, reason, evidence)
+
+    if knee is None or knee <= 0:
+        state.high_streak = state.low_streak = 0
+        return out(HOLD, "no_knee")
+    cooling = state.last_action_ms is not None and ts_ms - state.last_action_ms < policy.cooldown_ms
+    if concurrency >= policy.up_factor * knee:
+        state.low_streak = 0
+        state.high_streak += 1
+        if state.high_streak < policy.up_intervals:
+            return out(HOLD, "high_pending")
+        if cooling:
+            return out(HOLD, "cooldown")
+        return _act(state, ts_ms, SCALE_UP, out)
+    state.high_streak = 0
+    low_load = concurrency < policy.down_factor * knee
+    if not low_load:
+        state.low_streak = 0
+        return out(HOLD, "steady")
+    if util_pct is None:
+        state.low_streak = 0
+        return out(HOLD, "util_unknown")
+    if util_pct >= policy.util_below_pct:
+        state.low_streak = 0
+        return out(HOLD, "util_high")
+    state.low_streak += 1
+    if state.low_streak < policy.down_intervals:
+        return out(HOLD, "low_pending")
+    if mem_fraction is not None and mem_fraction > policy.mem_ceiling:
+        return out(HOLD, "weights_resident")
+    if cooling:
+        return out(HOLD, "cooldown")
+    return _act(state, ts_ms, SCALE_DOWN, out)
+
+
+def _act(state: ScaleState, ts_ms: int, action: str, out: Any) -> Decision:
+    decision: Decision = out(action, "threshold")
+    state.high_streak = state.low_streak = 0
+    state.last_action_ms = ts_ms
+    state.last_action = action
+    return decision
+
+
+# ------------------------------------------------------------------ warm-up
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupReport:
+    """First-token latency of one instance before and after its warm-up."""
+
+    instance: str
+    warmup_requests: int
+    warm_requests: int
+    before_ttft_p50_ms: float
+    after_ttft_p50_ms: float
+    before_ttft_p95_ms: float
+    after_ttft_p95_ms: float
+
+    @property
+    def effective(self) -> bool:
+        return self.after_ttft_p50_ms < self.before_ttft_p50_ms
+
+    def evidence(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance,
+            "warmup_requests": self.warmup_requests,
+            "warm_requests": self.warm_requests,
+            "before_ttft_p50_ms": round(self.before_ttft_p50_ms, 3),
+            "after_ttft_p50_ms": round(self.after_ttft_p50_ms, 3),
+            "before_ttft_p95_ms": round(self.before_ttft_p95_ms, 3),
+            "after_ttft_p95_ms": round(self.after_ttft_p95_ms, 3),
+            "speedup": round(self.before_ttft_p50_ms / max(self.after_ttft_p50_ms, 1e-9), 3),
+            "effective": self.effective,
+        }
+
+
+@dataclass(slots=True)
+class WarmupTracker:
+    """Per instance: TTFTs of warm-up requests, then of the first ``after`` regular ones.
+
+    Reported once per instance, when ``after`` regular requests followed at
+    least one warm-up request (the article: 1.2 s → 210 ms).
+    """
+
+    after: int = 20
+    before: dict[str, list[float]] = field(default_factory=dict)
+    warm: dict[str, list[float]] = field(default_factory=dict)
+    reported: set[str] = field(default_factory=set)
+
+    def add(self, instance: str, warmup: bool, ttft_ms: float | None) -> WarmupReport | None:
+        if ttft_ms is None or instance in self.reported:
+            return None
+        if warmup:
+            self.before.setdefault(instance, []).append(ttft_ms)
+            return None
+        if instance not in self.before:
+            return None  # never warmed up (or warmed before we watched): nothing to compare
+        after = self.warm.setdefault(instance, [])
+        after.append(ttft_ms)
+        if len(after) < self.after:
+            return None
+        self.reported.add(instance)
+        b = np.asarray(self.before.pop(instance))
+        a = np.asarray(self.warm.pop(instance))
+        return WarmupReport(
+            instance,
+            len(b),
+            len(a),
+            float(np.percentile(b, 50)),
+            float(np.percentile(a, 50)),
+            float(np.percentile(b, 95)),
+            float(np.percentile(a, 95)),
+        )

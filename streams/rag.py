@@ -1,0 +1,209 @@
+"""RAG retrieval threshold from a Beta fit of the last top-1 similarities.
+
+Per retrieval index, the last ``window`` (100) top-1 similarities
+``s_1..s_n`` are fitted by maximum likelihood to Beta(α, β) on (0, 1)::
+
+    ℓ(α, β) = (α−1)·Σ ln s_i + (β−1)·Σ ln(1−s_i) − n·ln B(α, β)
+    ∂ℓ/∂α = Σ ln s_i     − n·(ψ(α) − ψ(α+β)) = 0
+    ∂ℓ/∂β = Σ ln(1−s_i)  − n·(ψ(β) − ψ(α+β)) = 0
+
+solved by Newton's method from the method-of-moments start, with ψ and ψ′
+(digamma, trigamma) by recurrence + asymptotic series — the same fit as
+``scipy.stats.beta.fit(x, floc=0, fscale=1)`` without scipy at run time.
+Similarities are clipped to [ε, 1−ε] (cosine similarities below 0 are "no
+match" and count as ε).
+
+The threshold is the ``quantile`` of the fit. Which end is the article's
+"95%"? It means that 95% of ordinary queries must still pass the filter: a
+retrieval below the threshold is treated as "no relevant document" and
+falls back, so the threshold is the **5% quantile** (``quantile=0.05``, the
+lower tail). Taking the 95% quantile would reject 95% of normal traffic.
+When an index drifts (stale embeddings, changed corpus) its similarities fall
+and the threshold follows down, and the change is published; small moves
+(``tolerance``) are not.
+"""
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from tailguard.streams.errors import ConfigError
+
+__all__ = ["BetaFit", "RagConfig", "RagThreshold", "beta_cdf", "beta_ppf", "digamma", "fit_beta"]
+
+_EPS = 1e-6
+
+
+def digamma(x: float) -> float:
+    """ψ(x) for x > 0 (recurrence to x ≥ 10, then the asymptotic series)."""
+    r = 0.0
+    while x < 10.0:
+        r -= 1.0 / x
+        x += 1.0
+    f = 1.0 / (x * x)
+    return r + math.log(x) - 0.5 / x - f * (1 / 12 - f * (1 / 120 - f * (1 / 252 - f / 240)))
+
+
+def trigamma(x: float) -> float:
+    """ψ′(x) for x > 0."""
+    r = 0.0
+    while x < 10.0:
+        r += 1.0 / (x * x)
+        x += 1.0
+    f = 1.0 / (x * x)
+    return r + 1 / x + f / 2 + f / x * (1 / 6 - f * (1 / 30 - f * (1 / 42 - f / 30)))
+
+
+@dataclass(frozen=True, slots=True)
+class BetaFit:
+    alpha: float
+    beta: float
+    n: int
+
+    @property
+    def mean(self) -> float:
+        return self.alpha / (self.alpha + self.beta)
+
+
+def fit_beta(xs: list[float], *, max_iter: int = 100, tol: float = 1e-10) -> BetaFit:
+    """Maximum-likelihood Beta(α, β) of ``xs`` (loc 0, scale 1)."""
+    n = len(xs)
+    if n < 2:
+        msg = "a Beta fit needs at least 2 values"
+        raise ConfigError(msg)
+    clipped = [min(max(x, _EPS), 1 - _EPS) for x in xs]
+    g1 = sum(math.log(x) for x in clipped) / n
+    g2 = sum(math.log1p(-x) for x in clipped) / n
+    m = sum(clipped) / n
+    v = sum((x - m) ** 2 for x in clipped) / n
+    common = m * (1 - m) / v - 1 if v > 0 else 100.0
+    a, b = max(m * common, 1e-3), max((1 - m) * common, 1e-3)
+    for _ in range(max_iter):
+        dab = digamma(a + b)
+        f1 = digamma(a) - dab - g1
+        f2 = digamma(b) - dab - g2
+        tab = trigamma(a + b)
+        j11, j12, j22 = trigamma(a) - tab, -tab, trigamma(b) - tab
+        det = j11 * j22 - j12 * j12
+        da = (f1 * j22 - f2 * j12) / det
+        db = (j11 * f2 - j12 * f1) / det
+        # Damp steps that would leave the domain.
+        step = 1.0
+        while a - step * da <= 0 or b - step * db <= 0:
+            step /= 2
+        a, b = a - step * da, b - step * db
+        if abs(da) < tol * a and abs(db) < tol * b:
+            break
+    return BetaFit(a, b, n)
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete Beta (modified Lentz; Numerical Recipes)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1, a - 1
+    c, d = 1.0, 1 - qab * x / qap
+    d = 1 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1 + aa * d
+        d = 1 / (d if abs(d) > tiny else tiny)
+        c = 1 + aa / c if abs(1 + aa / c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1 + aa * d
+        d = 1 / (d if abs(d) > tiny else tiny)
+        c = 1 + aa / c if abs(1 + aa / c) > tiny else tiny
+        de = d * c
+        h *= de
+        if abs(de - 1) < 1e-14:
+            break
+    return h
+
+
+def beta_cdf(x: float, a: float, b: float) -> float:
+    """The regularised incomplete Beta function I_x(a, b)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    ln_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    front = math.exp(ln_front)
+    if x < (a + 1) / (a + b + 2):
+        return front * _betacf(a, b, x) / a
+    return 1 - front * _betacf(b, a, 1 - x) / b
+
+
+def beta_ppf(q: float, a: float, b: float) -> float:
+    """The ``q`` quantile of Beta(a, b) (bisection on :func:`beta_cdf`)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        if beta_cdf(mid, a, b) < q:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True, slots=True)
+class RagConfig:
+    window: int = 100
+    #: Fit only once this many similarities are held.
+    min_samples: int = 100
+    #: Lower-tail quantile: 0.05 ⇒ 95% of ordinary queries pass (see module docstring).
+    quantile: float = 0.05
+    #: Publish a new threshold only when it moves by more than this (absolute).
+    tolerance: float = 0.02
+    #: Refit every this many new similarities (a fit costs ~1 ms).
+    refit_every: int = 10
+
+    def __post_init__(self) -> None:
+        if not 0 < self.quantile < 1:
+            msg = f"quantile must be in (0, 1), got {self.quantile}"
+            raise ConfigError(msg)
+        if not 2 <= self.min_samples <= self.window:
+            msg = "need 2 ≤ min_samples ≤ window"
+            raise ConfigError(msg)
+
+
+@dataclass(slots=True)
+class RagThreshold:
+    """The similarity window and last published threshold of one index."""
+
+    config: RagConfig = field(default_factory=RagConfig)
+    values: deque[float] = field(default_factory=deque)
+    published: float | None = None
+    pending: int = 0
+
+    def add(self, similarity: float) -> dict[str, Any] | None:
+        """Add a similarity; return the evidence of a threshold change worth publishing."""
+        self.values.append(similarity)
+        while len(self.values) > self.config.window:
+            self.values.popleft()
+        self.pending += 1
+        if len(self.values) < self.config.min_samples or (
+            self.published is not None and self.pending < self.config.refit_every
+        ):
+            return None
+        self.pending = 0
+        fit = fit_beta(list(self.values))
+        threshold = beta_ppf(self.config.quantile, fit.alpha, fit.beta)
+        last = self.published
+        if last is not None and abs(threshold - last) <= self.config.tolerance:
+            return None
+        self.published = threshold
+        return {
+            "threshold": round(threshold, 5),
+            "previous": None if last is None else round(last, 5),
+            "alpha": round(fit.alpha, 5),
+            "beta": round(fit.beta, 5),
+            "mean": round(fit.mean, 5),
+            "n": fit.n,
+            "quantile": self.config.quantile,
+            "tolerance": self.config.tolerance,
+        }

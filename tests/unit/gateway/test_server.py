@@ -1,0 +1,160 @@
+"""The proxy end to end in one event loop: simulated upstream, gateway, in-memory producer."""
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+from tailguard.schemas import decode
+
+from tailguard.gateway.config import GatewayConfig, Routing, canary_routing
+from tailguard.gateway.publisher import EventPublisher
+from tailguard.gateway.routing import Override
+from tailguard.gateway.server import Gateway
+from tailguard.gateway.upstream import SimUpstream, UpstreamProfile
+
+Scenario = Callable[[str, Gateway, aiohttp.ClientSession], Awaitable[None]]
+
+
+def run(tmp_path: Path, producer: Any, scenario: Scenario, *, canary: bool = True) -> Gateway:
+    async def main() -> Gateway:
+        primary = TestServer(SimUpstream(UpstreamProfile("primary", 30, (5,), 4)).app)
+        other = TestServer(SimUpstream(UpstreamProfile("canary", 30, (5,), 4)).app)
+        await primary.start_server()
+        await other.start_server()
+        upstreams = {"primary": str(primary.make_url("/"))}
+        if canary:
+            upstreams["canary"] = str(other.make_url("/v1"))
+        config = GatewayConfig(
+            upstreams=upstreams,
+            routing=canary_routing("exp", 0.5) if canary else Routing(),
+            state_file=tmp_path / "state.json",
+            follow_releases=False,
+            service="chat",
+        )
+        pub = EventPublisher("unused:9092", "t.inference", producer=producer)
+        gw = Gateway(config, publisher=pub)
+        server = TestServer(gw.app)
+        await server.start_server()
+        try:
+            async with aiohttp.ClientSession() as http:
+                await scenario(str(server.make_url("")), gw, http)
+        finally:
+            await server.close()
+            await primary.close()
+            await other.close()
+        return gw
+
+    return asyncio.run(main())
+
+
+def events(gw: Gateway, producer: Any) -> list[dict[str, Any]]:
+    while gw.publisher.drain():
+        pass
+    producer.poll()
+    out = [e for r in producer.sent for e in json.loads(r["value"])]
+    for r in producer.sent:  # every event is valid tailguard.inference.v1
+        assert not decode(r["value"], "inference", now_ms=int(time.time() * 1000)).rejects
+    return out
+
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+def test_a_streamed_request_becomes_one_measured_event(tmp_path: Path, producer: Any) -> None:
+    got: dict[str, Any] = {}
+
+    async def scenario(base: str, _gw: Gateway, http: aiohttp.ClientSession) -> None:
+        headers = {"x-sim-ttft-ms": "60", "x-sim-itl-ms": "20,40", "x-sim-tokens": "4",
+                   "x-tailguard-unit": "user-7", "x-tailguard-tenant": "acme"}  # fmt: skip
+        for _warm_up in range(2):  # the first request of a process pays for connections
+            async with http.post(f"{base}/v1/chat/completions", json=BODY, headers=headers) as r:
+                await r.read()
+        async with http.post(f"{base}/v1/chat/completions", json=BODY, headers=headers) as r:
+            got["status"] = r.status
+            got["arm"] = r.headers.get("x-tailguard-arm")
+            got["body"] = await r.text()
+
+    gw = run(tmp_path, producer, scenario)
+    assert got["status"] == 200 and got["body"].endswith("data: [DONE]\n\n")
+    *_, e = events(gw, producer)
+    assert e["status"] == "ok" and e["service"] == "chat" and e["tenant"] == "acme"
+    # Loose bounds here (a loaded 2-core machine); tests/integration/test_gateway.py holds
+    # the gateway to 5 ms of the upstream's own send times.
+    assert e["ttft_ms"] == pytest.approx(60, abs=25)
+    assert e["itl_ms"] == pytest.approx([20, 40, 20], abs=25)
+    assert e["output_tokens"] == 4 and e["experiment"] == "exp" and e["unit_id"] == "user-7"
+    assert e["variant"] == got["arm"] and len(e["trace_id"]) == 32
+
+
+def test_rollback_override_sends_canary_units_to_the_primary(tmp_path: Path, producer: Any) -> None:
+    arms: list[str] = []
+
+    async def scenario(base: str, gw: Gateway, http: aiohttp.ClientSession) -> None:
+        gw._set_overrides({"exp": Override("exp", "rollback", "canary", 1, 1, "ev")})
+        for i in range(40):
+            hdr = {"x-tailguard-unit": f"u{i}", "x-sim-tokens": "1", "x-sim-ttft-ms": "1"}
+            async with http.post(f"{base}/v1/chat/completions", json=BODY, headers=hdr) as r:
+                body = await r.text()
+                arms.append(r.headers["x-tailguard-arm"])
+                assert "tg-sim-primary" in body
+
+    gw = run(tmp_path, producer, scenario)
+    assert set(arms) == {"control"}
+    assigned = {a for (_e, a, _s) in gw.routed}
+    assert assigned == {"control", "canary"}  # units keep their assignment
+
+
+def test_upstream_status_maps_to_event_status(tmp_path: Path, producer: Any) -> None:
+    async def scenario(base: str, _gw: Gateway, http: aiohttp.ClientSession) -> None:
+        for code in ("429", "500"):
+            hdr = {"x-sim-status": code}
+            async with http.post(f"{base}/v1/completions", json={"model": "m"}, headers=hdr) as r:
+                assert r.status == int(code)
+
+    gw = run(tmp_path, producer, scenario, canary=False)
+    got = [(e["status"], e["error_type"]) for e in events(gw, producer)]
+    assert got == [("rejected", "http_429"), ("error", "http_500")]
+
+
+def test_an_unreachable_upstream_is_a_502_and_an_error_event(tmp_path: Path, producer: Any) -> None:
+    async def scenario(base: str, gw: Gateway, http: aiohttp.ClientSession) -> None:
+        gw._bases["primary"] = "http://127.0.0.1:9"  # discard port: nothing listens
+        async with http.post(f"{base}/v1/chat/completions", json=BODY) as r:
+            assert r.status == 502
+            assert "unreachable" in (await r.json())["error"]["message"]
+
+    gw = run(tmp_path, producer, scenario, canary=False)
+    (e,) = events(gw, producer)
+    assert (e["status"], e["error_type"]) == ("error", "upstream_unreachable")
+
+
+def test_a_client_leaving_mid_stream_is_a_cancelled_event(tmp_path: Path, producer: Any) -> None:
+    async def scenario(base: str, _gw: Gateway, http: aiohttp.ClientSession) -> None:
+        hdr = {"x-sim-ttft-ms": "10", "x-sim-itl-ms": "50", "x-sim-tokens": "40"}
+        async with http.post(f"{base}/v1/chat/completions", json=BODY, headers=hdr) as r:
+            await r.content.readuntil(b"tok1")
+            r.close()
+        await asyncio.sleep(0.5)
+
+    gw = run(tmp_path, producer, scenario, canary=False)
+    (e,) = events(gw, producer)
+    assert e["status"] == "cancelled" and e["output_tokens"] < 40
+
+
+def test_other_paths_are_proxied_unmeasured(tmp_path: Path, producer: Any) -> None:
+    async def scenario(base: str, _gw: Gateway, http: aiohttp.ClientSession) -> None:
+        async with http.get(f"{base}/v1/models") as r:
+            assert (await r.json())["data"][0]["id"] == "sim-model"
+        async with http.get(f"{base}/gateway/state") as r:
+            assert (await r.json())["publisher"]["submitted"] == 0
+        async with http.get(f"{base}/gateway/metrics") as r:
+            assert "tailguard_gateway_events_dropped_total 0.0" in await r.text()
+
+    gw = run(tmp_path, producer, scenario, canary=False)
+    assert events(gw, producer) == []

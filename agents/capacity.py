@@ -19,6 +19,7 @@ restarted worker rebuilds it from new traffic (the knee needs ``min_samples``
 intervals again, and refuses to claim one meanwhile).
 """
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Sequence
@@ -373,5 +374,6 @@ def register_capacity(
                         break
                     except OutputError as exc:
                         app.log.warning("tailguard: capacity records not delivered yet: %s", exc)
+                        await asyncio.sleep(1.0)
 
     return CapacityPlane(forward, cstats, deployments, capacity)

@@ -46,7 +46,15 @@ that fell more than ``stall_minutes`` of event time behind (stopped, or a
 partition that lags in a compressed replay) is waited for ``STALL_WAIT_S``
 seconds of wall-clock time, then left out (counted as ``forced``). A
 deployment new to this worker is first judged ``STALL_WAIT_S`` after its
-first point, so series read from slower partitions have joined by then.
+first point, so series read from slower partitions have joined by then. A
+deployment left waiting is sent a tick (:class:`TickMsg`) on the internal
+topic when its wait is over, so that the judgement runs inside an event of
+its partition (table writes go to the current event's partition) even when
+no further point arrives.
+
+The internal topic and the tables' changelogs are created when the worker is
+built (:func:`~tailguard.agents.topics.precreate_topics`), not only by faust
+just before it joins the group (see there why).
 
 Cross-topic order: the detector reads a minute's KV evidence when the
 minute is evaluated. KV minutes normally arrive minutes ahead of the SLI

@@ -54,13 +54,19 @@ def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> Non
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"{proc.args} exited with {proc.returncode}")
+            raise SystemExit(f"{proc.args!r} exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(url, timeout=1):
                 return
         except OSError:
             time.sleep(0.1)
     raise SystemExit(f"{url} did not answer")
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _broker_answers(broker: str) -> bool:
@@ -153,6 +159,7 @@ def main() -> None:
     ap.add_argument("--ttft-ms", type=float, default=50.0)
     ap.add_argument("--itl-ms", type=float, default=50.0)
     ap.add_argument("--tokens", type=int, default=20)
+    ap.add_argument("--name", default="gateway", help="bench/results/<name>.json")
     args = ap.parse_args()
     broker = os.environ.get("TAILGUARD_BROKER", "127.0.0.1:19092")
     with_kafka = _broker_answers(broker)
@@ -181,6 +188,7 @@ def main() -> None:
         via = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
         _wait(f"http://127.0.0.1:{up_port}/v1/models", procs[0])
         _wait(f"http://127.0.0.1:{gw_port}/gateway/healthz", procs[1])
+        load_before = os.getloadavg()
         _run(_phase(via, 20, 2.0, "warm"))  # connections, imports
         _run(_phase(direct, 20, 2.0, "warm"))
         phases: dict[str, dict[str, list[float]]] = {
@@ -188,9 +196,14 @@ def main() -> None:
             "gateway": {"chunk_delay_ms": [], "ttft_ms": [], "ttft_overhead_ms": []},
         }
         length_s = (args.ttft_ms + args.itl_ms * (args.tokens - 1)) / 1000
+        cpu = {"direct": [0.0, 0, 0], "gateway": [0.0, 0, 0]}  # gateway CPU s, requests, chunks
         for r in range(args.rounds):
             for name, url in (("direct", direct), ("gateway", via)):
+                before = _cpu_s(procs[1].pid)
                 got = _run(_phase(url, args.streams, args.seconds, f"{name}{r}", length_s))
+                cpu[name][0] += _cpu_s(procs[1].pid) - before
+                cpu[name][1] += len(got["ttft_ms"])
+                cpu[name][2] += len(got["chunk_delay_ms"])
                 for k, v in got.items():
                     phases[name][k].extend(v)
                 print(f"round {r} {name}: {len(got['ttft_ms'])} requests", flush=True)
@@ -231,6 +244,12 @@ def main() -> None:
         "added_p99_chunk_ms": added["chunk_delay_ms"]["p99"],
         "added_p99_ttft_ms": added["ttft_overhead_ms"]["p99"],
         "target_p99_ms": 2.0,
+        "gateway_cpu": {
+            "seconds": round(cpu["gateway"][0], 2),
+            "per_request_ms": round(1000 * cpu["gateway"][0] / max(cpu["gateway"][1], 1), 3),
+            "cores_busy": round(cpu["gateway"][0] / (args.seconds * args.rounds), 3),
+            "idle_during_direct_s": round(cpu["direct"][0], 2),
+        },
         "target_met": max(added["chunk_delay_ms"]["p99"], added["ttft_overhead_ms"]["p99"]) <= 2.0,
         "events": {
             "kafka": with_kafka,
@@ -239,12 +258,16 @@ def main() -> None:
             "published": state["publisher"]["published"],
             "dropped": state["publisher"]["dropped"],
         },
-        "machine": machine(
-            "upstream, gateway and driver on the same 2 shared cores (other processes running)"
-        ),
+        "machine": {
+            **machine(
+                "upstream, gateway and driver on the same shared cores, other processes running"
+            ),
+            "loadavg_1m_before": round(load_before[0], 2),
+            "loadavg_1m_after": round(os.getloadavg()[0], 2),
+        },
         "command": "python -m bench.gateway " + " ".join(sys.argv[1:]),
     }
-    write_result("gateway", result)
+    write_result(args.name, result)
     print(msgspec.json.format(msgspec.json.encode(result), indent=2).decode())
 
 

@@ -36,7 +36,8 @@ WEB_PORT="${DEMO_WEB_PORT:-6066}"
 echo "· worker (log: $DEMO_DIR/worker.log; live dashboard http://127.0.0.1:$WEB_PORT/dashboard, Prometheus http://127.0.0.1:$WEB_PORT/metrics)"
 "$BIN/tailguard" worker --data-dir "$DEMO_DIR/worker" --snapshot-interval 2 \
   --lateness-ms 10000 --loglevel warning --web-port "$WEB_PORT" \
-  --experiments-file infra/experiments/gateway-canary.yaml >"$DEMO_DIR/worker.log" 2>&1 &
+  --experiments-file infra/experiments/gateway-canary.yaml \
+  --experiments-file infra/experiments/canary.yaml >"$DEMO_DIR/worker.log" 2>&1 &
 pids+=($!)
 
 echo "· GPU telemetry (simulated NVML; gpu-node-01 under thermal/power pressure)"
@@ -82,6 +83,14 @@ echo "· history: $((HISTORY_S / 3600)) h of traffic at full speed; TTFT collaps
   --incident "silent_collapse:7200:9000:model=llama-3.1-8b-instruct" >"$DEMO_DIR/history.log" 2>&1 \
   || { echo "simulator failed:"; tail -20 "$DEMO_DIR/history.log"; exit 1; }
 tail -1 "$DEMO_DIR/history.log"
+
+echo "· canary: chat's new prompt v2 on half the users defeats the prefix cache; the A/B guard rolls it back (evidence below)"
+"$BIN/tailguard" simulate --rate 20 --duration 600 --seed 11 --pace max --experiment canary-prompt-v2 \
+  --incident "prompt_cache_miss:0:600:variant=treatment" --quiet >"$DEMO_DIR/canary.log" 2>&1 \
+  || { echo "simulator failed:"; tail -20 "$DEMO_DIR/canary.log"; exit 1; }
+"$BIN/tailguard" alerts follow --topic releases --decision rollback --from-beginning -n 1 --duration 120 \
+  --output json | tee "$DEMO_DIR/rollback.json" | "$BIN/python" -m json.tool \
+  || echo "  (no rollback within 120 s; see $DEMO_DIR/worker.log)"
 
 echo "· live: 20 req/s for ${LIVE_S}s (watch the open minute move; Ctrl-C ends the demo)"
 "$BIN/tailguard" simulate --rate 20 --duration "$LIVE_S" --seed 42 --pace realtime \

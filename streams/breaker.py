@@ -88,6 +88,9 @@ class Breaker:
     probes: list[tuple[bool, float]] = field(default_factory=list)
     opened_ms: int | None = None
     seen: int = 0
+    #: Errors and requests over ``max_p99_ms`` in ``window`` (kept incrementally).
+    errors: int = 0
+    slow: int = 0
 
     def _unhealthy(self, err: float, p99: float) -> bool:
         return err > self.policy.max_error_rate or p99 > self.policy.max_p99_ms
@@ -130,22 +133,38 @@ class Breaker:
                 self.opened_ms = ts_ms
                 self.probes = []
                 return self._move(OPEN, ts_ms, err, p99, n)
-            self.window = deque(self.probes)
+            self._reset(self.probes)
             self.probes = []
             self.opened_ms = None
             return self._move(CLOSED, ts_ms, err, p99, n)
-        self.window.append((ok, latency_ms))
-        while len(self.window) > p.window:
-            self.window.popleft()
-        if len(self.window) < p.min_requests:
+        self._push(ok, latency_ms)
+        n = len(self.window)
+        if n < p.min_requests:
+            return None
+        # O(1) gate: with no request over the P99 limit, P99 cannot exceed it.
+        if self.errors <= p.max_error_rate * n and self.slow == 0:
             return None
         err, p99 = _health(self.window)
         if self._unhealthy(err, p99):
-            n = len(self.window)
-            self.window.clear()
+            self._reset([])
             self.opened_ms = ts_ms
             return self._move(OPEN, ts_ms, err, p99, n)
         return None
+
+    def _push(self, ok: bool, latency_ms: float) -> None:
+        self.window.append((ok, latency_ms))
+        self.errors += not ok
+        self.slow += latency_ms > self.policy.max_p99_ms
+        while len(self.window) > self.policy.window:
+            old_ok, old_ms = self.window.popleft()
+            self.errors -= not old_ok
+            self.slow -= old_ms > self.policy.max_p99_ms
+
+    def _reset(self, values: list[tuple[bool, float]]) -> None:
+        self.window = deque()
+        self.errors = self.slow = 0
+        for ok, ms in values:
+            self._push(ok, ms)
 
 
 @dataclass(slots=True)

@@ -139,15 +139,27 @@ def beta_cdf(x: float, a: float, b: float) -> float:
 
 
 def beta_ppf(q: float, a: float, b: float) -> float:
-    """The ``q`` quantile of Beta(a, b) (bisection on :func:`beta_cdf`)."""
+    """The ``q`` quantile of Beta(a, b): Newton on :func:`beta_cdf`, kept inside a bisection
+    bracket (a step that leaves the bracket bisects instead)."""
+    ln_b = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
     lo, hi = 0.0, 1.0
-    for _ in range(80):
-        mid = (lo + hi) / 2
-        if beta_cdf(mid, a, b) < q:
-            lo = mid
+    x = min(max(a / (a + b), 1e-9), 1 - 1e-9)
+    for _ in range(100):
+        f = beta_cdf(x, a, b) - q
+        if abs(f) < 1e-13:
+            break
+        if f < 0:
+            lo = x
         else:
-            hi = mid
-    return (lo + hi) / 2
+            hi = x
+        pdf = math.exp((a - 1) * math.log(x) + (b - 1) * math.log1p(-x) - ln_b)
+        nxt = x - f / pdf if pdf > 0 else (lo + hi) / 2
+        if not lo < nxt < hi:
+            nxt = (lo + hi) / 2
+        if abs(nxt - x) < 1e-15:
+            break
+        x = nxt
+    return x
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +171,8 @@ class RagConfig:
     quantile: float = 0.05
     #: Publish a new threshold only when it moves by more than this (absolute).
     tolerance: float = 0.02
-    #: Refit every this many new similarities (a fit costs ~1 ms).
-    refit_every: int = 10
+    #: Refit every this many new similarities (a fit + quantile costs ~0.5 ms).
+    refit_every: int = 20
 
     def __post_init__(self) -> None:
         if not 0 < self.quantile < 1:

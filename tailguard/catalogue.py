@@ -62,6 +62,12 @@ SERIES = "tailguard.internal.series"
 #: retirements), compacted and kept forever; every worker reads all of it
 #: (:mod:`tailguard.agents.control`).
 CONTROL = "tailguard.internal.control"
+#: Internal topics partitioned like the series topic, declared by their agents
+#: too; created up front so faust finds them at its first assignment.
+INTERNAL_ADMIN = "tailguard.internal.admin"
+INTERNAL_EXPERIMENTS = "tailguard.internal.experiments"
+INTERNAL_INTERFERENCE = "tailguard.internal.interference"
+INTERNAL_CAPACITY = "tailguard.internal.capacity"
 
 _HOUR = 3_600_000
 _DAY = 24 * _HOUR
@@ -133,6 +139,20 @@ def _specs(p: int) -> list[TopicSpec]:
         TopicSpec(ADMIN, 1, 7 * _DAY, description="signed operator commands (input)"),
         TopicSpec(OTLP, p, 1 * _DAY, description="OTLP trace spans (input)"),
         TopicSpec(SERIES, p, 1 * _DAY, description="internal: inference events keyed by series"),
+        TopicSpec(INTERNAL_ADMIN, p, 1 * _DAY, description="internal: admin queries by owner"),
+        TopicSpec(
+            INTERNAL_EXPERIMENTS,
+            p,
+            1 * _DAY,
+            description="internal: experiments",
+        ),
+        TopicSpec(
+            INTERNAL_INTERFERENCE,
+            p,
+            1 * _DAY,
+            description="internal: interference",
+        ),
+        TopicSpec(INTERNAL_CAPACITY, p, 1 * _DAY, description="internal: load rows by deployment"),
         TopicSpec(SLI, p, 7 * _DAY, description="SLI snapshots per series and window"),
         TopicSpec(BREACHES, p, 30 * _DAY, description="SLO breach lifecycle"),
         TopicSpec(RELEASES, 1, 30 * _DAY, compact=True, description="gray-release decisions"),

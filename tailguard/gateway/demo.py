@@ -41,8 +41,9 @@ def _follow_releases(
     try:
         while not stop.is_set():
             msg = consumer.poll(0.5)
-            if msg is not None and not msg.error() and msg.value():
-                out.append(json.loads(msg.value()))
+            value = msg.value() if msg is not None and not msg.error() else None
+            if value:
+                out.append(json.loads(value))
     finally:
         consumer.close()
 

@@ -246,9 +246,10 @@ class ReleaseFollower:
                 self._producer.poll(0)
                 if msg is None:
                     continue
-                if msg.error():
-                    if msg.error().code() != KafkaError._PARTITION_EOF:
-                        log.debug("tailguard gateway: releases: %s", msg.error())
+                err = msg.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        log.debug("tailguard gateway: releases: %s", err)
                     continue
                 self.handle(msg.value())
         finally:

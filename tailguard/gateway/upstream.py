@@ -182,7 +182,7 @@ class SimUpstream:
         await resp.write(chunk(None, finish="length"))
         options = body.stream_options or {}
         if options.get("include_usage"):
-            tail = {
+            tail: dict[str, Any] = {
                 "id": rid,
                 "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": created,

@@ -3,6 +3,7 @@
 - :mod:`~tailguard.simulator.config`   :class:`SimConfig`, :class:`Incident`, fleet specs
 - :mod:`~tailguard.simulator.arrivals` Poisson, bursty (MMPP) and trace-replay arrivals
 - :mod:`~tailguard.simulator.model`    the latency model, :func:`generate`, :func:`generate_batches`
+- :mod:`~tailguard.simulator.kv`       KV-cache snapshots per instance (:class:`KvTracker`)
 - :mod:`~tailguard.simulator.producer` :func:`run`: events → Kafka (confluent-kafka)
 - :mod:`~tailguard.simulator.cli`      the ``tailguard simulate`` command
 
@@ -34,6 +35,7 @@ from tailguard.simulator.config import (
     Target,
 )
 from tailguard.simulator.errors import SimConfigError, SimulatorError
+from tailguard.simulator.kv import KvTracker
 from tailguard.simulator.model import generate, generate_batches
 from tailguard.simulator.producer import INFERENCE_TOPIC, Stats, run
 
@@ -44,6 +46,7 @@ __all__ = [
     "INCIDENT_KINDS",
     "INFERENCE_TOPIC",
     "Incident",
+    "KvTracker",
     "ModelSpec",
     "ServiceSpec",
     "SimConfig",

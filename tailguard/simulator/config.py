@@ -26,7 +26,10 @@ kind                 effect on the matching requests                            
 ``error_burst``      error / timeout / rejected statuses rise                    non-ok rate [0.15]
 ``noisy_neighbor``   the target tenant sends ``intensity`` x its usual load;     load factor [4.0]
                      everyone on the same service/model queues longer and
-                     streams slower (the target needs a ``tenant``)
+                     streams slower, and the KV cache of the instances it
+                     reaches fragments (0.08 → 0.37 at 4x over 3 minutes; the
+                     other tenants' P99 about doubles; see ``simulator.kv``)
+                     (the target needs a ``tenant``)
 ``slow_treatment``   prefill (hence TTFT) of one variant is ``intensity`` x      TTFT factor [1.6]
                      slower; the variant defaults to the last one ("treatment")
 ``prompt_cache_miss`` a canary arm ships a new ``prompt_version`` ("v2"; the     share of matching

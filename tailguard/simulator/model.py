@@ -17,12 +17,18 @@ log-space sigma ``s``)::
               │◀─────────────────── ttft_ms ───────────────────▶│◀─ Σ itl_ms ─▶│
 
     tokenize = (0.3 + 0.0012·input_tokens) · LN(1, 0.25)
-    queue    = LN(12, 0.8) · (1 + 0.6·(load - 1))           scheduler queue, noisy neighbours
+    queue    = LN(12, 0.8) · (1 + 0.6·(load - 1)) · kv_front  scheduler queue, noisy neighbours
              + batch.wait_ms                                 normally Exp(mean 3 ms)
              + throttle wait                                 0 unless flow-controlled
     prefill  = (110 + 0.2·uncached + 0.01·cached) · ttft_scale(model) · slow · LN(1, 0.33)
+               · kv_front
     gap_i    = itl_median(model) · LN(1, 0.12) [per request] · LN(1, 0.22) [per token]
+               · (1 + 0.12·(load - 1)) · kv_decode
                (+ U(40, 150) ms with probability 0.3 % · load: a neighbour's prefill stalls decode)
+
+    kv_front, kv_decode = 1 + 0.6·x, 1 + 0.4·x   x = (fragmentation level − 0.08) / 0.29 of the
+                                                 request's instance at its arrival: 0 unless a
+                                                 noisy neighbour reaches it (simulator.kv)
     e2e      = ttft + Σ gaps + detokenize (0.2 + 0.004·output_tokens)
 
 With the default fleet this gives TTFT median ≈ 180 ms and P95 ≈ 320 ms, gaps

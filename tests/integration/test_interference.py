@@ -96,13 +96,14 @@ def read_table(broker: str, topic: str) -> dict[bytes, bytes]:
                 err = m.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        done.add(m.partition())
+                        done.add(m.partition() or 0)
                         continue
                     raise AssertionError(str(err))
-                if m.value() is None:
-                    latest.pop(m.key(), None)
+                key, value = m.key() or b"", m.value()
+                if value is None:
+                    latest.pop(key, None)
                 else:
-                    latest[m.key()] = m.value()
+                    latest[key] = value
     finally:
         consumer.close()
     return latest

@@ -21,7 +21,10 @@ from tailguard.gateway.upstream import SimUpstream, UpstreamProfile
 Scenario = Callable[[str, Gateway, aiohttp.ClientSession], Awaitable[None]]
 
 
-def run(tmp_path: Path, producer: Any, scenario: Scenario, *, canary: bool = True) -> Gateway:
+def run(
+    tmp_path: Path, producer: Any, scenario: Scenario, *, canary: bool = True,
+    read_timeout_s: float = 300.0,
+) -> Gateway:  # fmt: skip
     async def main() -> Gateway:
         primary = TestServer(SimUpstream(UpstreamProfile("primary", 30, (5,), 4)).app)
         other = TestServer(SimUpstream(UpstreamProfile("canary", 30, (5,), 4)).app)
@@ -36,6 +39,7 @@ def run(tmp_path: Path, producer: Any, scenario: Scenario, *, canary: bool = Tru
             state_file=tmp_path / "state.json",
             follow_releases=False,
             service="chat",
+            upstream_read_timeout_s=read_timeout_s,
         )
         pub = EventPublisher("unused:9092", "t.inference", producer=producer)
         gw = Gateway(config, publisher=pub)
@@ -158,3 +162,21 @@ def test_other_paths_are_proxied_unmeasured(tmp_path: Path, producer: Any) -> No
 
     gw = run(tmp_path, producer, scenario, canary=False)
     assert events(gw, producer) == []
+
+
+def test_an_upstream_that_goes_quiet_is_a_timeout(tmp_path: Path, producer: Any) -> None:
+    async def scenario(base: str, _gw: Gateway, http: aiohttp.ClientSession) -> None:
+        hdr = {"x-sim-ttft-ms": "10", "x-sim-itl-ms": "5000", "x-sim-tokens": "3"}
+        t0 = time.monotonic()
+        async with http.post(f"{base}/v1/chat/completions", json=BODY, headers=hdr) as r:
+            assert r.status == 200
+            await r.read()
+        assert time.monotonic() - t0 < 4.0
+        async with http.post(f"{base}/v1/chat/completions", json=BODY,
+                             headers={"x-sim-ttft-ms": "5000"}) as r:  # fmt: skip
+            assert r.status == 200  # headers came at once; the first token never did
+            await r.read()
+
+    gw = run(tmp_path, producer, scenario, canary=False, read_timeout_s=0.6)
+    got = [(e["status"], e["error_type"], e.get("output_tokens")) for e in events(gw, producer)]
+    assert got == [("timeout", "upstream_timeout", 1), ("timeout", "upstream_timeout", 0)]

@@ -22,7 +22,10 @@ def test_digamma_matches_scipy(x: float) -> None:
     assert digamma(x) == pytest.approx(float(special.digamma(x)), abs=1e-10)
 
 
-@pytest.mark.parametrize(("q", "a", "b"), [(0.05, 8.0, 2.0), (0.5, 2.0, 5.0), (0.95, 30.0, 6.0)])
+@pytest.mark.parametrize(
+    ("q", "a", "b"),
+    [(0.05, 8.0, 2.0), (0.5, 2.0, 5.0), (0.95, 30.0, 6.0), (0.05, 0.5, 0.5), (0.05, 200.0, 20.0)],
+)
 def test_quantile_and_cdf_match_scipy(q: float, a: float, b: float) -> None:
     assert beta_ppf(q, a, b) == pytest.approx(float(stats.beta.ppf(q, a, b)), abs=1e-8)
     assert beta_cdf(0.7, a, b) == pytest.approx(float(stats.beta.cdf(0.7, a, b)), abs=1e-10)

@@ -41,8 +41,8 @@ def run_with_kv(cfg: SimConfig) -> tuple[list[dict[str, Any]], list[dict[str, An
 
 
 def frag(snaps: list[dict[str, Any]]) -> float:
-    tokens = sum(q["tokens"] for s in snaps for q in s["sequences"])
-    cap = sum(q["blocks"] * s["block_size"] for s in snaps for q in s["sequences"])
+    tokens: int = sum(q["tokens"] for s in snaps for q in s["sequences"])
+    cap: int = sum(q["blocks"] * s["block_size"] for s in snaps for q in s["sequences"])
     return 1 - tokens / cap
 
 

@@ -58,7 +58,6 @@ publishes the same decisions with the same ids.
 import asyncio
 import hashlib
 import logging
-import time
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,13 +68,13 @@ import faust
 import msgspec
 from faust.types import TP, TopicT
 from tailguard.agents import telemetry
-from tailguard.agents.deadletters import send_rejects
+from tailguard.agents.deadletters import decode_or_dead_letter
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.topics import Topics
-from tailguard.schemas import EvalScore, InferenceEvent, Interaction, decode
+from tailguard.schemas import EvalScore, InferenceEvent, Interaction
 from tailguard.schemas.experiments import load_experiments
 from tailguard.streams.errors import ConfigError, CorruptStateError
 from tailguard.streams.experiment import (
@@ -626,19 +625,9 @@ def register_experiments(
     @app.agent(interactions_topic, name="tailguard.experiments.interactions")
     async def forward_interactions(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
-            now = int(time.time() * 1000)
-            decoded = decode(event.value, "interaction", now_ms=now)
-            if decoded.rejects:
-                await send_rejects(
-                    decoded.rejects,
-                    event.value,
-                    event.message,
-                    topic=topics.deadletter,
-                    stats=stats,
-                    source=settings.source,
-                    now_ms=now,
-                )
-            valid: list[Interaction] = decoded.valid
+            valid: list[Interaction] = await decode_or_dead_letter(
+                event, "interaction", topic=topics.deadletter, stats=stats, source=settings.source
+            )
             if not valid:
                 continue
             pos = [(event.message.partition, event.message.offset)] * len(valid)
@@ -649,19 +638,9 @@ def register_experiments(
     @app.agent(evals_topic, name="tailguard.experiments.evals")
     async def forward_evals(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
-            now = int(time.time() * 1000)
-            decoded = decode(event.value, "eval", now_ms=now)
-            if decoded.rejects:
-                await send_rejects(
-                    decoded.rejects,
-                    event.value,
-                    event.message,
-                    topic=topics.deadletter,
-                    stats=stats,
-                    source=settings.source,
-                    now_ms=now,
-                )
-            scores: list[EvalScore] = decoded.valid
+            scores: list[EvalScore] = await decode_or_dead_letter(
+                event, "eval", topic=topics.deadletter, stats=stats, source=settings.source
+            )
             for s in scores:
                 msg = EvalMsg(s.experiment, s.variant, s.metric, float(s.value), s.ts_ms, s.n)
                 await internal.send(

@@ -20,11 +20,11 @@ from typing import Any
 
 import faust
 import msgspec
-from tailguard.agents.deadletters import send_rejects
+from tailguard.agents.deadletters import decode_or_dead_letter
 from tailguard.agents.settings import Settings
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.topics import Topics
-from tailguard.schemas import GpuSample, decode
+from tailguard.schemas import GpuSample
 
 __all__ = ["GpuCache", "declare_gpu_table", "gpu_join", "gpu_key", "register_gpu"]
 
@@ -130,19 +130,10 @@ def register_gpu(
     @app.agent(topics.gpu, name="tailguard.gpu")
     async def gpu(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
-            now = int(time.time() * 1000)
-            decoded = decode(event.value, "gpu", now_ms=now)
-            if decoded.rejects:
-                await send_rejects(
-                    decoded.rejects,
-                    event.value,
-                    event.message,
-                    topic=topics.deadletter,
-                    stats=stats,
-                    source=settings.source,
-                    now_ms=now,
-                )
-            for sample in decoded.valid:
+            valid = await decode_or_dead_letter(
+                event, "gpu", topic=topics.deadletter, stats=stats, source=settings.source
+            )
+            for sample in valid:
                 key = gpu_key(sample.host, sample.gpu).encode()
                 old = table.get(key)
                 if old is not None and _decode_sample(old).ts_ms > sample.ts_ms:

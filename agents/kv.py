@@ -23,17 +23,16 @@ forwards it again (the detector ignores a minute it holds), never loses it.
 """
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import faust
-from tailguard.agents.deadletters import send_rejects
+from tailguard.agents.deadletters import decode_or_dead_letter
 from tailguard.agents.settings import Settings
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.topics import Topics, precreate_topics
-from tailguard.schemas import KvSnapshot, decode
+from tailguard.schemas import KvSnapshot
 from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.kv import KvMinute, KvState
 
@@ -136,26 +135,17 @@ def register_kv(
     @app.agent(topics.kv, name="tailguard.kv")
     async def kv(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
-            now = int(time.time() * 1000)
-            decoded = decode(event.value, "kv", now_ms=now)
-            if decoded.rejects:
-                await send_rejects(
-                    decoded.rejects,
-                    event.value,
-                    event.message,
-                    topic=topics.deadletter,
-                    stats=stats,
-                    source=settings.source,
-                    now_ms=now,
-                )
-            if not decoded.valid:
+            valid = await decode_or_dead_letter(
+                event, "kv", topic=topics.deadletter, stats=stats, source=settings.source
+            )
+            if not valid:
                 continue
             # Forward first, then write the state (see the module docstring):
             # the table write happens in apply_snapshots, so collect against a
             # write buffer and commit it after the forwards.
             pending: dict[bytes, bytes] = {}
             view = _Overlay(table, pending)
-            for instance, minute in apply_snapshots(view, decoded.valid, kv_stats, corrupt):
+            for instance, minute in apply_snapshots(view, valid, kv_stats, corrupt):
                 await forward(instance, minute)
                 kv_stats.minutes_forwarded += 1
             for key, value in pending.items():

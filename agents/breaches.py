@@ -35,6 +35,7 @@ from tailguard.streams import WINDOWS, Bucket
 from tailguard.streams.attribution import STAGE_PREFIX, rank_causes, stage_increases
 from tailguard.streams.breach import BreachPolicy, BreachState, Transition, advance
 from tailguard.streams.burn import BurnPolicy, SloSpec, applicable, evaluate, window_counters
+from tailguard.streams.prompt_evidence import rank_prompts
 from tailguard.streams.silent import (
     KIND as SILENT_KIND,
 )
@@ -194,6 +195,9 @@ class BreachEngine:
     #: Called with each breach payload before it is framed: the admin plane marks
     #: silenced / acknowledged breaches and audits the decision (may change it).
     on_payload: Callable[[dict[str, Any]], None] | None = None
+    #: Prompt version → prompt group (the prompt registry, :mod:`tailguard.agents.prompts`);
+    #: ``None``: versions are listed without their groups.
+    prompt_group_of: Callable[[str], str | None] | None = None
     #: Breach states changed since their partition's last checkpoint.
     _states: dict[bytes, bytes] = field(default_factory=dict)
     _unsaved: dict[int, set[bytes]] = field(default_factory=dict)
@@ -276,6 +280,19 @@ class BreachEngine:
         rates = base.factor_rates if base.minutes else None
         return _explain(bucket, short_ms, rates, dict(base.stage_p99_ms))
 
+    def prompt_evidence(
+        self, cached: CachedSeries, at_ms: int
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Prompt versions and groups holding most bad requests of the short window at ``at_ms``."""
+        bucket = cached.state.window(self.silent.short_window_ms, at_ms)
+        c = bucket.counters
+        return rank_prompts(
+            bucket.prompts,
+            total_requests=c.requests,
+            total_bad=c.requests - c.cancelled - c.good_requests,
+            group_of=self.prompt_group_of,
+        )
+
     def checkpoint(self, partition: int) -> int:
         """Write the breach states changed on ``partition`` (inside the agent, see SeriesStore).
 
@@ -331,6 +348,7 @@ class BreachEngine:
                     attribution=attribution,
                     stages=stages,
                 )
+            payload["prompts"], payload["prompt_groups"] = self.prompt_evidence(cached, t.at_ms)
             if self.on_payload is not None:
                 self.on_payload(payload)
             if self.telemetry is not None:

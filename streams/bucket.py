@@ -23,12 +23,29 @@ from tailguard.streams.digest import DEFAULT_MAX_CENTROIDS, Sketch
 from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.sli import Thresholds
 
-__all__ = ["METRICS", "Bucket", "Counters", "add_stage", "event_hash", "stage_order"]
+__all__ = [
+    "METRICS",
+    "Bucket",
+    "Counters",
+    "PromptTally",
+    "add_stage",
+    "event_hash",
+    "stage_order",
+    "top_candidates",
+]
 
 #: The latency metrics every bucket keeps a digest of.
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 #: How many slow-request exemplars (trace ids) a bucket keeps.
 EXEMPLARS = 5
+#: Exemplar traces (slowest bad requests) a bucket keeps per prompt version.
+PROMPT_EXEMPLARS = 3
+#: Distinct prompt versions a bucket names; requests of further versions are
+#: counted under OTHER_PROMPT (which versions those are then depends on the
+#: order they came in — the only order dependence of a bucket, and only past
+#: this many versions of one series in one minute).
+MAX_PROMPTS = 64
+OTHER_PROMPT = "~other"
 _ERROR_LO, _ERROR_HI = min(ERROR_CODES), max(ERROR_CODES)
 _EMPTY = np.empty(0, dtype=np.float64)
 
@@ -41,6 +58,61 @@ _FACTOR_FIELDS = [
 def stage_order(names: list[str]) -> list[int]:
     """Column indexes of ``names`` in name order (the order stages join a bucket)."""
     return sorted(range(len(names)), key=names.__getitem__)
+
+
+def top_candidates(groups: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
+    """Mask of the rows that can be among the ``k`` largest ``values`` of their group.
+
+    Ties with the k-th value are all kept, so choosing the final ``k`` from the
+    candidates by ``(value, name)`` gives the same answer whatever the input order.
+    """
+    order = np.lexsort((-values, groups))
+    g, v = groups[order], values[order]
+    start = np.r_[0, np.flatnonzero(g[1:] != g[:-1]) + 1]
+    sizes = np.diff(np.r_[start, g.size])
+    kth = v[np.minimum(start + k - 1, start + sizes - 1)]
+    out = np.zeros(groups.size, dtype=np.bool_)
+    out[order[v >= np.repeat(kth, sizes)]] = True
+    return out
+
+
+@dataclass(slots=True)
+class PromptTally:
+    """Requests of one prompt version in a bucket: how many, how many bad, the slowest bad.
+
+    *Bad* is an error or an ok request violating a latency SLO (the requests
+    a breach is about); ``exemplars`` are ``(e2e_ms, trace_id)`` of the
+    slowest bad requests that had a trace, slowest first.
+    """
+
+    requests: int = 0
+    bad: int = 0
+    exemplars: list[tuple[float, str]] = field(default_factory=list)
+
+
+def _tally_prompts(bucket: "Bucket", cols: Columns, rows: np.ndarray, bad: np.ndarray) -> None:
+    """Count the requests ``rows`` (``bad``: mask over them) per prompt version."""
+    prompt = cols.prompt[rows]
+    named = prompt >= 0
+    if not named.any():
+        return
+    size = len(cols.prompt_names)
+    n = np.bincount(prompt[named], minlength=size)
+    n_bad = np.bincount(prompt[named & bad], minlength=size)
+    found: dict[int, list[tuple[float, str]]] = {}
+    traced = named & bad & cols.has_trace[rows]
+    if traced.any():
+        t_rows, t_prompt = rows[traced], prompt[traced]
+        t_e2e = cols.e2e[t_rows]
+        keep = top_candidates(t_prompt, t_e2e, PROMPT_EXEMPLARS)
+        traces = cols.traces
+        for p, e, r in zip(
+            t_prompt[keep].tolist(), t_e2e[keep].tolist(), t_rows[keep].tolist(), strict=True
+        ):
+            found.setdefault(p, []).append((e, traces[r]))
+    names = cols.prompt_names
+    for p in sorted(np.flatnonzero(n).tolist(), key=names.__getitem__):
+        bucket.add_prompt(names[p], int(n[p]), int(n_bad[p]), found.get(p, []))
 
 
 def add_stage(bucket: "Bucket", name: str, values: np.ndarray, max_centroids: int) -> None:
@@ -198,6 +270,7 @@ class _Wire(msgspec.Struct, array_like=True):
     ids: bytes | None
     exemplars: list[tuple[float, str]]
     applied: dict[int, int] = {}
+    prompts: dict[str, tuple[int, int, list[tuple[float, str]]]] = {}
 
 
 @dataclass(slots=True)
@@ -219,6 +292,8 @@ class Bucket:
     #: Highest input offset folded in, per input partition: replaying an input
     #: message whose events this bucket already holds is a no-op.
     applied: dict[int, int] = field(default_factory=dict)
+    #: Requests per prompt version (see :class:`PromptTally`).
+    prompts: dict[str, PromptTally] = field(default_factory=dict)
     #: Restored empty because its record was lost: the series takes the
     #: request-by-request replay path until the replay refilled it (never stored).
     refill: bool = False
@@ -257,6 +332,8 @@ class Bucket:
             c.errors += n_err
             c.cancelled += n - n_ok - n_err
         if n_ok == 0:
+            if cols.prompt_names:
+                _tally_prompts(self, cols, index, (status >= _ERROR_LO) & (status <= _ERROR_HI))
             return
         ok = index[ok_mask] if n_ok < n else index
         e2e = cols.e2e[ok]
@@ -292,6 +369,10 @@ class Bucket:
             c.itl_total += int(gaps.size)
             c.itl_good += int(np.count_nonzero(gaps <= thresholds.itl_ms))
         c.good_requests += int(np.count_nonzero(good))
+        if cols.prompt_names:
+            bad_rows = (status >= _ERROR_LO) & (status <= _ERROR_HI)
+            bad_rows[np.flatnonzero(ok_mask)[~good]] = True
+            _tally_prompts(self, cols, index, bad_rows)
         flags = cols.factors[ok]
         if flags.any():
             bad = ~good
@@ -346,6 +427,22 @@ class Bucket:
         del merged[EXEMPLARS:]
         self.exemplars = merged
 
+    def add_prompt(
+        self, name: str, requests: int, bad: int, exemplars: list[tuple[float, str]]
+    ) -> None:
+        """Add counts (and candidate exemplars) of one prompt version."""
+        tally = self.prompts.get(name)
+        if tally is None:
+            if len(self.prompts) >= MAX_PROMPTS:
+                name = OTHER_PROMPT
+                tally = self.prompts.get(name)
+            if tally is None:
+                tally = self.prompts[name] = PromptTally()
+        tally.requests += requests
+        tally.bad += bad
+        if exemplars:
+            tally.exemplars = heapq.nlargest(PROMPT_EXEMPLARS, tally.exemplars + exemplars)
+
     def merge(self, other: "Bucket", max_centroids: int) -> None:
         """Fold another bucket in (used by windows and by the hourly roll-up)."""
         self.counters.add(other.counters)
@@ -356,6 +453,9 @@ class Bucket:
             mine.merge_inplace(sketch)
         if other.exemplars:
             self.exemplars = heapq.nlargest(EXEMPLARS, self.exemplars + other.exemplars)
+        for name in sorted(other.prompts):
+            t = other.prompts[name]
+            self.add_prompt(name, t.requests, t.bad, t.exemplars)
 
     @classmethod
     def combine(cls, parts: "list[Bucket]", max_centroids: int) -> "Bucket":
@@ -373,6 +473,9 @@ class Bucket:
             exemplars.extend(part.exemplars)
             for name, sketch in part.digests.items():
                 by_metric.setdefault(name, []).append(sketch)
+            for name in sorted(part.prompts):
+                t = part.prompts[name]
+                out.add_prompt(name, t.requests, t.bad, t.exemplars)
         out.digests = {name: Sketch.combine(s, max_centroids) for name, s in by_metric.items()}
         out.exemplars = heapq.nlargest(EXEMPLARS, exemplars)
         return out
@@ -393,6 +496,9 @@ class Bucket:
             ids=ids,
             exemplars=self.exemplars,
             applied=self.applied,
+            prompts={
+                name: (t.requests, t.bad, t.exemplars) for name, t in sorted(self.prompts.items())
+            },
         )
         return msgspec.msgpack.encode(wire)
 
@@ -420,4 +526,8 @@ class Bucket:
             ids=ids,
             exemplars=[(float(e), str(t)) for e, t in wire.exemplars],
             applied=dict(wire.applied),
+            prompts={
+                name: PromptTally(n, bad, [(float(e), str(t)) for e, t in ex])
+                for name, (n, bad, ex) in wire.prompts.items()
+            },
         )

@@ -6,7 +6,9 @@ travel to the SLI agent as raw arrays (:meth:`Columns.to_wire`), and buckets
 fold them in with numpy (:meth:`~tailguard.streams.bucket.Bucket.absorb`).
 
 Missing values are encoded in-band: ``ttft`` is NaN and ``tokens`` is −1 when
-absent, ``traces`` holds ``""`` for a request without a trace id.
+absent, ``traces`` holds ``""`` for a request without a trace id, and
+``prompt`` is −1 for a request without a ``prompt_version`` (else an index
+into ``prompt_names``).
 """
 
 import hashlib
@@ -87,6 +89,25 @@ def _stage_matrix(events: Sequence[LatencyEvent]) -> tuple[list[str], np.ndarray
     return list(index), out
 
 
+#: Longest prompt version name a column keeps (longer ones count as unnamed).
+MAX_PROMPT_NAME = 128
+
+
+def _prompt_column(events: Sequence[LatencyEvent]) -> tuple[list[str], np.ndarray]:
+    """Prompt version names (first seen first) and each request's index (−1: none)."""
+    index: dict[str, int] = {}
+    out = np.full(len(events), -1, dtype=np.int32)
+    for i, ev in enumerate(events):
+        name = getattr(ev, "prompt_version", None)
+        if not name or len(name) > MAX_PROMPT_NAME:
+            continue
+        j = index.get(name)
+        if j is None:
+            j = index[name] = len(index)
+        out[i] = j
+    return list(index), out
+
+
 def _stages_from(raw: bytes, k: int) -> np.ndarray | None:
     """The (n, k) stage matrix of the wire; None (no stages) when ``k`` is 0."""
     values = np.frombuffer(raw, dtype=np.float64)
@@ -122,6 +143,8 @@ class _Wire(msgspec.Struct, array_like=True):
     factors: bytes = b""
     stage_names: list[str] = []
     stages: bytes = b""
+    prompt_names: list[str] = []
+    prompts: bytes = b""
 
 
 @dataclass(slots=True)
@@ -132,7 +155,8 @@ class Columns:
     message each request came in (−1 when unknown: no replay protection).
     ``factors`` holds each request's cause flags and ``stages`` its stage
     latencies, one column per name of ``stage_names`` (NaN: not reported);
-    see :mod:`~tailguard.streams.attribution`.
+    see :mod:`~tailguard.streams.attribution`. ``prompt`` indexes
+    ``prompt_names`` (−1: the request named no prompt version).
     """
 
     ts: np.ndarray  # int64
@@ -150,6 +174,8 @@ class Columns:
     factors: np.ndarray = None  # type: ignore[assignment]  # uint8; None → no flags
     stage_names: list[str] = None  # type: ignore[assignment]
     stages: np.ndarray = None  # type: ignore[assignment]  # float64 (n, len(stage_names))
+    prompt_names: list[str] = None  # type: ignore[assignment]
+    prompt: np.ndarray = None  # type: ignore[assignment]  # int32, -1 = none
     _itl_owner: np.ndarray | None = None
     _has_trace: np.ndarray | None = None
     _itl_ends: np.ndarray | None = None
@@ -162,6 +188,10 @@ class Columns:
             self.stage_names = []
         if self.stages is None:
             self.stages = np.empty((n, len(self.stage_names)), dtype=np.float64)
+        if self.prompt_names is None:
+            self.prompt_names = []
+        if self.prompt is None:
+            self.prompt = np.full(n, -1, dtype=np.int32)
 
     def __len__(self) -> int:
         return int(self.ts.size)
@@ -198,6 +228,7 @@ class Columns:
             offset = np.fromiter((o for _, o in positions), dtype=np.int64, count=n)
         codes = STATUS_CODES
         stage_names, stages = _stage_matrix(events)
+        prompt_names, prompt = _prompt_column(events)
         return cls(
             ts=np.fromiter((ev.ts_ms for ev in events), dtype=np.int64, count=n),
             status=np.fromiter(
@@ -224,6 +255,8 @@ class Columns:
             factors=factor_flags(events),
             stage_names=stage_names,
             stages=stages,
+            prompt_names=prompt_names,
+            prompt=prompt,
         )
 
     def slice(self, lo: int, hi: int) -> "Columns":
@@ -247,6 +280,8 @@ class Columns:
             factors=self.factors[lo:hi],
             stage_names=self.stage_names,
             stages=self.stages[lo:hi],
+            prompt_names=self.prompt_names,
+            prompt=self.prompt[lo:hi],
         )
 
     def take(self, index: np.ndarray) -> "Columns":
@@ -280,6 +315,8 @@ class Columns:
             factors=self.factors[index],
             stage_names=self.stage_names,
             stages=self.stages[index],
+            prompt_names=self.prompt_names,
+            prompt=self.prompt[index],
         )
 
     # ------------------------------------------------------------------ wire
@@ -300,6 +337,10 @@ class Columns:
             factors=self.factors.astype(np.uint8, copy=False).tobytes(),
             stage_names=self.stage_names,
             stages=np.ascontiguousarray(self.stages, dtype=np.float64).tobytes(),
+            prompt_names=self.prompt_names,
+            prompts=self.prompt.astype(np.int32, copy=False).tobytes()
+            if self.prompt_names
+            else b"",
         )
 
     @classmethod
@@ -321,16 +362,21 @@ class Columns:
             factors=np.frombuffer(w.factors, dtype=np.uint8) if w.factors else None,  # type: ignore[arg-type]
             stage_names=list(w.stage_names),
             stages=_stages_from(w.stages, len(w.stage_names)),  # type: ignore[arg-type]
+            prompt_names=list(w.prompt_names),
+            prompt=np.frombuffer(w.prompts, dtype=np.int32) if w.prompt_names else None,  # type: ignore[arg-type]
         )
         n = c.ts.size
         sizes = [
             a.size for a in (c.status, c.e2e, c.ttft, c.tokens, c.warmup, c.itl_len, c.ids, c.part)
         ]
-        if c.factors.size != n or c.stages.shape != (n, len(c.stage_names)):
+        if c.factors.size != n or c.stages.shape != (n, len(c.stage_names)) or c.prompt.size != n:
             msg = "column lengths disagree"
             raise ValueError(msg)
         if any(s != n for s in sizes) or len(c.traces) != n or c.offset.size != n:
             msg = "column lengths disagree"
+            raise ValueError(msg)
+        if c.prompt.size and int(c.prompt.max()) >= len(c.prompt_names):
+            msg = "prompt index past the prompt names"
             raise ValueError(msg)
         if int(c.itl_len.sum()) != c.itl.size:
             msg = "itl gap counts disagree with the gaps"

@@ -19,7 +19,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 from tailguard.streams.attribution import FACTORS, STAGE_PREFIX
-from tailguard.streams.bucket import EXEMPLARS, Bucket, add_stage, stage_order
+from tailguard.streams.bucket import (
+    EXEMPLARS,
+    PROMPT_EXEMPLARS,
+    Bucket,
+    add_stage,
+    stage_order,
+    top_candidates,
+)
 from tailguard.streams.columns import ERROR_CODES, Columns
 from tailguard.streams.digest import Sketch
 from tailguard.streams.ring import FINE, AddResult, SeriesWindows
@@ -244,6 +251,46 @@ def fold_many(
     return results
 
 
+def _prompt_rows(
+    cols: Columns, src: np.ndarray, ab: np.ndarray, bad: np.ndarray
+) -> dict[int, list[tuple[str, int, int, list[tuple[float, str]]]]]:
+    """Per bucket: ``(prompt version, requests, bad, exemplar candidates)``, in name order.
+
+    Same counts and candidates as :meth:`Bucket.absorb` (``_tally_prompts``),
+    batched over buckets; ``bad`` already excludes warm-up requests.
+    """
+    warm = cols.warmup[src]
+    prompt = cols.prompt[src]
+    named = ~warm & (prompt >= 0)
+    if not named.any():
+        return {}
+    size = len(cols.prompt_names)
+    key = ab[named].astype(np.int64) * size + prompt[named]
+    keys, inverse = np.unique(key, return_inverse=True)
+    n = np.bincount(inverse, minlength=keys.size)
+    n_bad = np.bincount(inverse[bad[named]], minlength=keys.size)
+    found: dict[int, list[tuple[float, str]]] = {}
+    traced = named & bad & cols.has_trace[src]
+    if traced.any():
+        t_key = ab[traced].astype(np.int64) * size + prompt[traced]
+        t_rows = src[traced]
+        t_e2e = cols.e2e[t_rows]
+        keep = top_candidates(t_key, t_e2e, PROMPT_EXEMPLARS)
+        traces = cols.traces
+        for k, e, r in zip(
+            t_key[keep].tolist(), t_e2e[keep].tolist(), t_rows[keep].tolist(), strict=True
+        ):
+            found.setdefault(k, []).append((e, traces[r]))
+    names = cols.prompt_names
+    out: dict[int, list[tuple[str, int, int, list[tuple[float, str]]]]] = {}
+    for k, count, count_bad in zip(keys.tolist(), n.tolist(), n_bad.tolist(), strict=True):
+        b, p = divmod(k, size)
+        out.setdefault(b, []).append((names[p], count, count_bad, found.get(k, [])))
+    for rows in out.values():
+        rows.sort(key=lambda row: row[0])
+    return out
+
+
 def _absorb_all(
     states: Sequence[SeriesWindows],
     buckets: list[Bucket],
@@ -372,10 +419,14 @@ def _absorb_all(
         ):
             ex.setdefault(b, []).append((e, traces[i]))
 
+    prompts = _prompt_rows(cols, src, ab, live & (err | bad)) if cols.prompt_names else {}
+
     for b, bucket in enumerate(buckets):
         row = table[b]
         if not any(row):
             continue
+        for name, n, n_bad, found in prompts.get(b, ()):
+            bucket.add_prompt(name, n, n_bad, found)
         bucket.counters.add_list(row)
         for name, values, off in metrics:
             lo, hi = off[b], off[b + 1]

@@ -45,6 +45,8 @@ def inference_messages(start_ms: int) -> list[tuple[bytes, bytes]]:
                         "trace_id": f"{minute:016x}{i:08x}{len(svc):08x}",
                         "host": "gpu-node-07" if svc == "svc-hot" else "gpu-node-09",
                         "gpu_ids": [0, 1] if svc == "svc-hot" else [3],
+                        # 7 of 10 requests use the new prompt version
+                        "prompt_version": f"{svc}-v7" if i < 7 else f"{svc}-v6",
                     }
                 )
         # One key, so one input partition: Kafka orders records per partition
@@ -102,11 +104,14 @@ def run_once(
     time.sleep(8)  # let the GPU table fill before the inference stream arrives
     produce(namespace.broker, namespace.topic("tailguard.inference"), inference_messages(start_ms))
     breaches = collector("tailguard.breaches", ns=namespace)
-    breaches.wait_for(
-        lambda r: any(x["state"] == "resolved" and x["series"]["service"] == "svc-hot" for x in r),
-        timeout=240,
-        worker=worker,
-    )
+
+    def all_resolved(records: list[dict[str, Any]]) -> bool:
+        # every breach of svc-hot (one per SLO) has resolved, not just the first one
+        opened = {x["breach_id"] for x in records if x["series"]["service"] == "svc-hot"}
+        done = {x["breach_id"] for x in records if x["state"] == "resolved"}
+        return bool(opened) and opened <= done
+
+    breaches.wait_for(all_resolved, timeout=240, worker=worker)
     time.sleep(5)
     breaches.poll(2)
     worker.stop()
@@ -144,6 +149,17 @@ def test_one_incident_opens_one_page_that_resolves_and_replays_identically(
     assert set(gpus) == {("gpu-node-07", 0), ("gpu-node-07", 1)}
     assert all(g["known"] and g["util_gpu_pct"] == 97.0 and g["age_ms"] >= 0 for g in gpus.values())
     assert opened["budget_remaining"] is not None
+    # Which prompts the bad requests used, with traces to open (issue 10 item 5).
+    versions = [(p["prompt_version"], p["bad_share"]) for p in opened["prompts"]]
+    assert [v for v, _ in versions] == ["svc-hot-v7", "svc-hot-v6"], versions
+    assert versions[0][1] == pytest.approx(0.7, abs=0.05)
+    for p in opened["prompts"]:
+        assert p["exemplars"], p
+        # the trace id encodes the request's index i: v7 requests are i < 7
+        assert all(
+            (int(t[16:24], 16) < 7) == p["prompt_version"].endswith("v7") for t in p["exemplars"]
+        )
+    assert [g["prompt_group"] for g in opened["prompt_groups"]] == ["svc-hot-v7", "svc-hot-v6"]
 
     replay = run_once(second_namespace, worker_factory, collector, produce, start, "replay")
     first, again = breach_sequence(records), breach_sequence(replay)

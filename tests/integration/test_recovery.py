@@ -498,7 +498,9 @@ def changelog_records(broker: str, app_id: str, partitions: set[int]) -> dict[st
     for name in sorted(topics):
         if name.startswith(app_id) and name.endswith("-changelog"):
             total = 0
-            for p in partitions:
+            # Some tables are not partitioned like the series (the admin replay table has
+            # one partition): count only the partitions the changelog has.
+            for p in partitions & set(topics[name].partitions):
                 low, high = consumer.get_watermark_offsets(TopicPartition(name, p), timeout=10)
                 total += high - low
             out[name[len(app_id) + 1 : -len("-changelog")]] = total

@@ -33,6 +33,7 @@ class Event:
     trace_id: str | None = None
     warmup: bool | None = False
     stages_ms: dict[str, float] | None = None
+    prompt_version: str | None = None
     cache: Any = None
     batch: Any = None
     flow_control: Any = None

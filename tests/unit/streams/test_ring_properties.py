@@ -39,6 +39,8 @@ class New:
     warmup: bool
     flags: int = 0  # cause flags: 1 cache miss, 2 batch wait, 4 throttled
     stages: int = 0  # how many of STAGES the request reports
+    prompt: str | None = None  # prompt_version
+    traced: bool = True  # has a trace id
 
 
 STAGES = ("queue", "prefill", "decode")
@@ -85,6 +87,8 @@ moves = st.lists(
             warmup=st.booleans(),
             flags=st.integers(min_value=0, max_value=7),
             stages=st.integers(min_value=0, max_value=len(STAGES)),
+            prompt=st.sampled_from([None, "pv-a", "pv-b", "pv-c"]),
+            traced=st.booleans(),
         ),
         st.builds(Resend, which=st.integers(min_value=0, max_value=10_000)),
     ),
@@ -115,7 +119,8 @@ def stream(plan: list[New | Resend], make_event: MakeEvent) -> list[Any]:
                 ttft_ms=move.ttft_ms,
                 output_tokens=move.output_tokens,
                 itl_ms=gaps,
-                trace_id=f"{i:032x}",
+                trace_id=f"{i:032x}" if move.traced else None,
+                prompt_version=move.prompt,
                 warmup=move.warmup,
                 stages_ms={name: 10.0 * (i + j) for j, name in enumerate(STAGES[: move.stages])},
                 **causes(move.flags),
@@ -139,6 +144,7 @@ def fingerprint(windows: SeriesWindows) -> dict[str, Any]:
                 None if b.ids is None else sorted(b.ids),
                 sorted(b.exemplars),
                 {m: d.n_values for m, d in b.digests.items()},
+                {p: (t.requests, t.bad, t.exemplars) for p, t in b.prompts.items()},
             )
             for start, b in tier.items()
         }
@@ -156,6 +162,10 @@ def fingerprint(windows: SeriesWindows) -> dict[str, Any]:
             (w, end): (
                 windows.counters(w, end).as_list(),
                 {m: d.n_values for m, d in windows.window(w, end).digests.items()},
+                {
+                    p: (t.requests, t.bad, t.exemplars)
+                    for p, t in windows.window(w, end).prompts.items()
+                },
             )
             for w in WINDOW_LENGTHS
             for end in ends

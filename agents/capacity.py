@@ -13,10 +13,27 @@ The maths lives in :mod:`tailguard.streams.knee`, :mod:`~tailguard.streams.capac
 is decided on event time, and event ids are derived from (kind, subject, event
 time, decision), so a replay of the same events publishes the same records.
 
-State is held in memory per deployment (the knee history, hysteresis streaks,
-breaker windows, similarity windows). It is not yet checkpointed to RocksDB: a
-restarted worker rebuilds it from new traffic (the knee needs ``min_samples``
-intervals again, and refuses to claim one meanwhile).
+State lives in the RocksDB table ``tailguard-capacity`` (changelogged, one
+partition per partition of the internal topic, which is keyed by deployment),
+as bytes of :mod:`tailguard.streams.capacity_state`::
+
+    C␟service|model          core: load window, knee history and published knee,
+                             scaling hysteresis and episode, warm-up, GPUs seen,
+                             offset of the last applied message
+    E␟service|model          expert breakers and recent expert traffic
+    R␟service|model␟index    one RAG index: similarity window and threshold
+
+Per message: the deployment is read from the table once (then kept in memory
+until the next partition assignment), the rows are applied, the records they
+produced are flushed, and then the records that changed are written — experts
+and indexes first, the core (with the message's offset) last. A restarted
+worker (same data directory, or a new one restored from the changelog)
+continues with the same knee, episode, breakers and thresholds: no second
+scale_up for an overload it already answered, no breaker closed by a restart.
+A message at or below the stored offset was applied already (a crash between
+the writes and the consumer's commit) and is skipped; a crash between the
+component writes and the core write can re-apply one message to breakers and
+indexes (counted, never lost).
 """
 
 import asyncio
@@ -28,6 +45,7 @@ from typing import Any
 
 import faust
 import msgspec
+from faust.types import TP
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
@@ -39,20 +57,39 @@ from tailguard.streams.capacity import (
     Decision,
     LoadWindow,
     ScalePolicy,
-    ScaleState,
     WarmupTracker,
     decide,
 )
+from tailguard.streams.capacity_state import (
+    CoreState,
+    decode_core,
+    decode_experts,
+    decode_rag,
+    encode_core,
+    encode_experts,
+    encode_rag,
+)
+from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.knee import KneeConfig, KneeTracker
 from tailguard.streams.rag import RagConfig, RagThreshold
 
 from tailguard import catalogue as cat
 
-__all__ = ["CAPACITY_INTERNAL", "SCHEMA", "CapacityPlane", "CapacityTuning", "register_capacity"]
+__all__ = [
+    "CAPACITY_INTERNAL",
+    "CAPACITY_TABLE",
+    "SCHEMA",
+    "CapacityPlane",
+    "CapacityTuning",
+    "register_capacity",
+]
 
 SCHEMA = "tailguard.capacity.v1"
 #: Internal: validated inference events re-keyed by deployment (service|model).
 CAPACITY_INTERNAL = "tailguard.internal.capacity"
+#: RocksDB table (changelogged) with every deployment's state (module docstring).
+CAPACITY_TABLE = "tailguard-capacity"
+_SEP = "\x1f"
 _DAY_S = 86_400.0
 #: Holds published (besides scale_up/scale_down): a wanted action that a guard blocked.
 _BLOCKED = {"weights_resident", "cooldown"}
@@ -97,26 +134,21 @@ class _Deployment:
     service: str
     model: str
     tuning: CapacityTuning
-    load: LoadWindow
-    knee: KneeTracker
-    scale: ScaleState = field(default_factory=ScaleState)
-    experts: ExpertBreakers = field(default_factory=ExpertBreakers)
+    core: CoreState
+    experts: ExpertBreakers
     rag: dict[str, RagThreshold] = field(default_factory=dict)
-    warmup: WarmupTracker = field(default_factory=WarmupTracker)
-    gpus: set[tuple[str, int]] = field(default_factory=set)
-    last_hold: str | None = None
+    #: Written since the last save: the expert breakers, these RAG indexes.
+    experts_dirty: bool = False
+    rag_dirty: set[str] = field(default_factory=set)
 
     @classmethod
     def new(cls, service: str, model: str, tuning: CapacityTuning) -> "_Deployment":
-        return cls(
-            service,
-            model,
-            tuning,
+        core = CoreState(
             LoadWindow(tuning.interval_ms, tuning.grace_ms),
             KneeTracker(tuning.knee),
-            experts=ExpertBreakers(tuning.breaker),
             warmup=WarmupTracker(tuning.warmup_after),
         )
+        return cls(service, model, tuning, core, ExpertBreakers(tuning.breaker))
 
 
 @dataclass(slots=True)
@@ -124,6 +156,11 @@ class CapacityStats:
     rows: int = 0
     published: int = 0
     late: int = 0
+    #: Deployments whose state was read back from the table (restart, rebalance).
+    restored: int = 0
+    #: Messages at or below a deployment's stored offset (applied before a crash).
+    replayed: int = 0
+    corrupt_states: int = 0
 
 
 @dataclass(slots=True)
@@ -134,6 +171,7 @@ class CapacityPlane:
     stats: CapacityStats
     deployments: dict[str, _Deployment]
     agent: Any = None
+    table: Any = None
 
 
 def _event_id(*parts: object) -> str:
@@ -183,10 +221,83 @@ def register_capacity(
         partitions=settings.partitions,
         retention=_DAY_S,
     )
-    precreate_topics(settings, [settings.topic_prefix + CAPACITY_INTERNAL], [])
+    internal_name = settings.topic_prefix + CAPACITY_INTERNAL
+    precreate_topics(settings, [internal_name], [CAPACITY_TABLE])
+    table = app.Table(
+        CAPACITY_TABLE,
+        default=None,
+        partitions=settings.partitions,
+        key_type=bytes,
+        value_type=bytes,
+        options=settings.rocksdb_options(),
+        help="capacity state per deployment: knee, scaling episode, breakers, RAG thresholds",
+    )
     out_topic = settings.topic_prefix + cat.CAPACITY
     cstats = CapacityStats()
+    # Deployments read from the table since the last partition assignment.
     deployments: dict[str, _Deployment] = {}
+
+    def corrupt(key: bytes, exc: CorruptStateError) -> None:
+        cstats.corrupt_states += 1
+        app.log.error("tailguard: capacity state %r discarded: %s", key, exc)
+
+    def load(key: str, service: str, model: str) -> _Deployment:
+        """The deployment from memory, else from the table, else new."""
+        dep = deployments.get(key)
+        if dep is not None:
+            return dep
+        dep = _Deployment.new(service, model, tune)
+        ckey, ekey = f"C{_SEP}{key}".encode(), f"E{_SEP}{key}".encode()
+        raw = table.get(ckey)
+        if raw is not None:
+            try:
+                dep.core = decode_core(
+                    raw,
+                    interval_ms=tune.interval_ms,
+                    grace_ms=tune.grace_ms,
+                    knee=tune.knee,
+                    warmup_after=tune.warmup_after,
+                )
+                cstats.restored += 1
+            except CorruptStateError as exc:
+                corrupt(ckey, exc)
+        raw = table.get(ekey)
+        if raw is not None:
+            try:
+                dep.experts = decode_experts(raw, tune.breaker)
+            except CorruptStateError as exc:
+                corrupt(ekey, exc)
+        deployments[key] = dep
+        return dep
+
+    def rag_tracker(dep: _Deployment, index: str) -> RagThreshold:
+        tracker = dep.rag.get(index)
+        if tracker is not None:
+            return tracker
+        rkey = f"R{_SEP}{dep.service}|{dep.model}{_SEP}{index}".encode()
+        raw = table.get(rkey)
+        tracker = None
+        if raw is not None:
+            try:
+                tracker = decode_rag(raw, tune.rag)
+            except CorruptStateError as exc:
+                corrupt(rkey, exc)
+        if tracker is None:
+            tracker = RagThreshold(tune.rag)
+        dep.rag[index] = tracker
+        return tracker
+
+    def save(dep: _Deployment, offset: int) -> None:
+        """Write what changed: breakers and indexes first, the core (with ``offset``) last."""
+        key = f"{dep.service}|{dep.model}"
+        if dep.experts_dirty:
+            table[f"E{_SEP}{key}".encode()] = encode_experts(dep.experts)
+            dep.experts_dirty = False
+        for index in sorted(dep.rag_dirty):
+            table[f"R{_SEP}{key}{_SEP}{index}".encode()] = encode_rag(dep.rag[index])
+        dep.rag_dirty.clear()
+        dep.core.offset = offset
+        table[f"C{_SEP}{key}".encode()] = encode_core(dep.core)
 
     async def forward(
         events: Sequence[InferenceEvent], positions: Sequence[tuple[int, int]]
@@ -205,7 +316,7 @@ def register_capacity(
         """Mean GPU utilisation and the highest memory fraction of the deployment's GPUs."""
         utils: list[float] = []
         mems: list[float] = []
-        for host, gpu in sorted(dep.gpus):
+        for host, gpu in sorted(dep.core.gpus):
             raw = gpu_cache.get(f"{host}:{gpu}".encode()) if gpu_cache is not None else None
             if raw is None:
                 continue
@@ -222,7 +333,7 @@ def register_capacity(
         return (
             util,
             mem,
-            {"gpus": [f"{h}:{g}" for h, g in sorted(dep.gpus)], "gpus_sampled": len(utils)},
+            {"gpus": [f"{h}:{g}" for h, g in sorted(dep.core.gpus)], "gpus_sampled": len(utils)},
         )
 
     def publish(
@@ -266,18 +377,20 @@ def register_capacity(
             )
 
     def on_scale(dep: _Deployment, d: Decision, ts_ms: int, gpu_ev: dict[str, Any]) -> None:
+        core = dep.core
         if d.actionable:
-            dep.last_hold = None
+            core.last_hold = None
             publish(dep, "scale", d.decision, ts_ms, {**d.evidence, **gpu_ev}, reason=d.reason)
             return
-        if d.reason in _BLOCKED and d.reason != dep.last_hold:
+        if d.reason in _BLOCKED and d.reason != core.last_hold:
             publish(dep, "scale", HOLD, ts_ms, {**d.evidence, **gpu_ev}, reason=d.reason)
-        dep.last_hold = d.reason if d.reason in _BLOCKED else None
+        core.last_hold = d.reason if d.reason in _BLOCKED else None
 
     def absorb(dep: _Deployment, rows: list[Row]) -> None:
+        core = dep.core
         for ts, e2e, ttft, tokens, ok, warm, instance, host, gpus, experts, sim, index in rows:
             if instance:
-                report = dep.warmup.add(instance, warm, ttft)
+                report = core.warmup.add(instance, warm, ttft)
                 if report is not None:
                     publish(
                         dep,
@@ -289,7 +402,8 @@ def register_capacity(
                         extra={"instance": instance},
                     )
             if host:
-                dep.gpus.update((host, g) for g in gpus)
+                core.gpus.update((host, g) for g in gpus)
+            dep.experts_dirty |= bool(experts)
             for t in dep.experts.observe(experts, ok, e2e, ts):
                 ev = {**t.evidence, "before": t.before, "open_experts": dep.experts.states()}
                 ev["fallback_share"] = round(dep.experts.fallback_share(), 4)
@@ -303,9 +417,8 @@ def register_capacity(
                     extra={"expert": t.expert},
                 )
             if sim is not None:
-                tracker = dep.rag.get(index)
-                if tracker is None:
-                    tracker = dep.rag[index] = RagThreshold(dep.tuning.rag)
+                tracker = rag_tracker(dep, index)
+                dep.rag_dirty.add(index)
                 change = tracker.add(sim)
                 if change is not None:
                     previous = change["previous"]
@@ -327,9 +440,9 @@ def register_capacity(
                     )
             if warm:
                 continue  # warm-up load is not serving capacity
-            before = dep.load.late
-            for closed in dep.load.add(ts, e2e, tokens):
-                knee = dep.knee.add(closed.sample)
+            before = core.load.late
+            for closed in core.load.add(ts, e2e, tokens):
+                knee = core.knee.add(closed.sample)
                 if knee is not None:
                     publish(dep, "knee", "updated", closed.end_ms, knee.evidence())
                 util, mem, gpu_ev = gpu_state(dep)
@@ -341,16 +454,16 @@ def register_capacity(
                 )
                 d = decide(
                     dep.tuning.scale,
-                    dep.scale,
+                    core.scale,
                     ts_ms=closed.end_ms,
                     concurrency=closed.sample.concurrency,
-                    knee=dep.knee.published,
+                    knee=core.knee.published,
                     util_pct=util,
                     mem_fraction=mem,
                 )
                 on_scale(dep, d, closed.end_ms, gpu_ev)
-                dep.gpus.clear()
-            cstats.late += dep.load.late - before
+                core.gpus.clear()
+            cstats.late += core.load.late - before
 
     @app.agent(internal, name="tailguard.capacity")
     async def capacity(stream: faust.StreamT[bytes]) -> None:
@@ -362,18 +475,28 @@ def register_capacity(
             except msgspec.DecodeError as exc:  # written by our own forwarder: a bug
                 app.log.error("tailguard: undecodable capacity rows on %s: %s", key, exc)
                 continue
-            dep = deployments.get(key)
-            if dep is None:
-                dep = deployments[key] = _Deployment.new(service, model, tune)
+            dep = load(key, service, model)
+            offset = event.message.offset
+            if offset <= dep.core.offset:
+                cstats.replayed += 1
+                continue
             cstats.rows += len(rows)
+            published = cstats.published
             absorb(dep, rows)
-            if cstats.published:
-                while True:
-                    try:
-                        await outputs.flush(timeout_s=30.0)
-                        break
-                    except OutputError as exc:
-                        app.log.warning("tailguard: capacity records not delivered yet: %s", exc)
-                        await asyncio.sleep(1.0)
+            # Records out before the state that produced them is written (a crash
+            # re-sends a record with the same event_id; it never loses one).
+            while cstats.published > published:
+                try:
+                    await outputs.flush(timeout_s=30.0)
+                    break
+                except OutputError as exc:
+                    app.log.warning("tailguard: capacity records not delivered yet: %s", exc)
+                    await asyncio.sleep(1.0)
+            save(dep, offset)
 
-    return CapacityPlane(forward, cstats, deployments, capacity)
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+    async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
+        # Deployments are read from the table again: another worker may have moved them on.
+        deployments.clear()
+
+    return CapacityPlane(forward, cstats, deployments, capacity, table)

@@ -119,6 +119,11 @@ _DAY_S = 86_400.0
 _SEP = b"\x1f"
 #: Budget of one forwarded message (cut only between input messages).
 MAX_MESSAGE_BYTES = 900_000
+#: Experiment id of blind feedback sent to every partition (see route_interactions).
+BLIND = ""
+#: Replay-protection source of blind feedback (its input offsets are tracked apart
+#: from the same input message's direct interactions).
+BLIND_SOURCE = "b"
 #: Results of operator commands kept per experiment (a re-delivered command is
 #: answered from them instead of being applied again).
 COMMANDS_KEPT = 64
@@ -180,14 +185,31 @@ def partition_of(experiment: str, partitions: int) -> int:
 def _by_experiment(
     events: Sequence[Any], positions: Sequence[tuple[int, int]]
 ) -> dict[str, tuple[list[Any], list[tuple[int, int]]]]:
+    """Events grouped by experiment. A request in experiments of several layers
+    (``experiments``: one tag per layer, see :mod:`tailguard.gateway.server`)
+    goes to each of them, as that experiment's arm and prompt version."""
     groups: dict[str, tuple[list[Any], list[tuple[int, int]]]] = {}
     for ev, pos in zip(events, positions, strict=True):
-        exp = ev.experiment
-        if not exp or getattr(ev, "warmup", False):
+        if getattr(ev, "warmup", False):
             continue
-        evs, poss = groups.setdefault(exp, ([], []))
-        evs.append(ev)
-        poss.append(pos)
+        exp = ev.experiment
+        if exp:
+            evs, poss = groups.setdefault(exp, ([], []))
+            evs.append(ev)
+            poss.append(pos)
+        for tag in getattr(ev, "experiments", None) or ():
+            if tag.experiment == exp or not tag.experiment:
+                continue
+            evs, poss = groups.setdefault(tag.experiment, ([], []))
+            evs.append(
+                msgspec.structs.replace(
+                    ev,
+                    experiment=tag.experiment,
+                    variant=tag.variant,
+                    prompt_version=tag.prompt_version or ev.prompt_version,
+                )
+            )
+            poss.append(pos)
     return groups
 
 
@@ -229,7 +251,21 @@ def route_requests(
 def route_interactions(
     events: Sequence[Interaction], positions: Sequence[tuple[int, int]], partitions: int
 ) -> list[tuple[int, bytes, bytes]]:
+    """Interactions per experiment, to the experiment's partition. Blind feedback —
+    ``kind: feedback`` with a ``label`` and a ``request_event_id`` but no
+    ``experiment`` (the rater never saw it) — goes to *every* partition with
+    experiment ``""``: there each experiment that knows the rated request takes it
+    (:data:`BLIND`)."""
     out = []
+    blind = [
+        (ev, pos)
+        for ev, pos in zip(events, positions, strict=True)
+        if not ev.experiment and ev.kind == "feedback" and ev.label and ev.request_event_id
+    ]
+    if blind:
+        cols = ExperimentInteractions.from_events([e for e, _ in blind], [p for _, p in blind])
+        value = _encode(IntMsg(experiment=BLIND, cols=cols.to_wire()))
+        out += [(p, b"", value) for p in range(partitions)]
     for exp, (evs, poss) in _by_experiment(events, positions).items():
         cols = ExperimentInteractions.from_events(evs, poss)
         out.append(
@@ -464,6 +500,18 @@ class _Book:
         self._cache[unit] = arm
         self._table[self._key(unit)] = arm.encode()
 
+    # requests (blind feedback's join): a key one byte longer than a unit's
+    def request(self, event: int) -> tuple[str, str] | None:
+        raw = self._table.get(self._prefix + b"r" + event.to_bytes(8, "big"))
+        if not raw:
+            return None
+        arm, _, version = raw.decode().partition("\x1f")
+        return arm, version
+
+    def remember_request(self, event: int, arm: str, prompt_version: str) -> None:
+        key = self._prefix + b"r" + event.to_bytes(8, "big")
+        self._table[key] = f"{arm}\x1f{prompt_version}".encode()
+
     # sessions
     def interrupted(self, session: int) -> bool:
         return self.arm_of(session) is not None
@@ -545,8 +593,12 @@ def register_experiments(
     stats: WorkerStats,
     *,
     outputs: Outputs | None = None,
+    stratum_of: Callable[[str], str | None] | None = None,
 ) -> ExperimentsPlane:
-    """Declare the experiment topics and tables and attach the agents."""
+    """Declare the experiment topics and tables and attach the agents.
+
+    ``stratum_of``: the hallucination guardrail's stratum of a prompt version
+    (e.g. its prompt group); default: the version itself."""
     definitions = _load_definitions(getattr(settings, "experiments_files", ()) or ())
     estats = ExperimentStats()
     internal = app.topic(
@@ -889,6 +941,52 @@ def register_experiments(
 
     api._reader, api._lister = read, listing
 
+    def has_ratings(defn: ExperimentDef | None) -> bool:
+        return defn is not None and any(g.metric == "hallucination_rate" for g in defn.guardrails)
+
+    async def blind_feedback(msg: "IntMsg", partition: int) -> None:
+        """Blind feedback on this partition: every running experiment of it with a
+        hallucination guardrail takes the ratings of the requests it knows."""
+        try:
+            rows = ExperimentInteractions.from_wire(msg.cols)
+        except ValueError as exc:
+            estats.internal_errors += 1
+            app.log.error("tailguard: bad blind feedback columns: %s", exc)
+            return
+        for exp in listing():
+            if partition_of(exp, settings.partitions) != partition:
+                continue
+            st = load(exp)
+            defn = definition(st, exp)
+            if not has_ratings(defn) or (st is not None and st.status != "running"):
+                continue
+            assert defn is not None
+            if st is None:
+                st = ExperimentState(exp)
+                cache[exp] = st
+                show(st, defn)
+            units, sessions = books(st)
+            before = st.counters.get("ratings", 0)
+            unknown = st.counters.get("interactions_unknown_arm", 0)
+            st.absorb_interactions(
+                defn, rows, units, sessions, units, stratum_of, source=BLIND_SOURCE
+            )
+            # feedback on requests of other experiments is not "unknown" here
+            st.count(
+                "blind_feedback_other", st.counters.get("interactions_unknown_arm", 0) - unknown
+            )
+            if unknown:
+                st.counters["interactions_unknown_arm"] = unknown
+            else:
+                st.counters.pop("interactions_unknown_arm", None)
+            if st.counters.get("ratings", 0) == before:
+                continue
+            records = judge(st, defn)
+            if records:
+                await send_all(records)
+                show(st, defn)
+            states[exp.encode()] = st.to_bytes()
+
     @app.agent(internal, name="tailguard.experiments")
     async def guard(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
@@ -915,6 +1013,9 @@ def register_experiments(
                     remember(res)
                 await report(res)
                 continue
+            if isinstance(msg, IntMsg) and msg.experiment == BLIND:
+                await blind_feedback(msg, event.message.partition)
+                continue
             exp = msg.experiment
             st = load(exp)
             defn = definition(st, exp)
@@ -935,7 +1036,7 @@ def register_experiments(
                     app.log.error("tailguard: bad experiment request columns: %s", exc)
                     continue
                 units, _ = books(st)
-                st.absorb_requests(defn, cols, units)
+                st.absorb_requests(defn, cols, units, units if has_ratings(defn) else None)
             elif isinstance(msg, IntMsg):
                 try:
                     rows = ExperimentInteractions.from_wire(msg.cols)
@@ -944,7 +1045,7 @@ def register_experiments(
                     app.log.error("tailguard: bad experiment interaction columns: %s", exc)
                     continue
                 units, sessions = books(st)
-                st.absorb_interactions(defn, rows, units, sessions)
+                st.absorb_interactions(defn, rows, units, sessions, units, stratum_of)
             else:
                 st.absorb_eval(msg.variant, msg.metric, msg.ts_ms, msg.value, msg.n)
             records = judge(st, defn)

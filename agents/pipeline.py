@@ -17,6 +17,7 @@ from tailguard.agents.interference import kv_forwarder, register_interference
 from tailguard.agents.kv import declare_kv_table, register_kv
 from tailguard.agents.otlp import OtlpStats, register_otlp
 from tailguard.agents.outputs import Outputs
+from tailguard.agents.prompts import PromptPlane, register_prompts
 from tailguard.agents.settings import Settings
 from tailguard.agents.sli import register_sli
 from tailguard.agents.state import SeriesStore
@@ -52,6 +53,9 @@ class Pipeline:
     otlp: OtlpStats | None = None
     #: Knee, scaling, warm-up, expert breakers, RAG threshold (:mod:`tailguard.agents.capacity`).
     capacity: CapacityPlane | None = None
+    #: Prompt registry and groups (``prompts.group_of(version)``), per-group SLIs
+    #: (:mod:`tailguard.agents.prompts`).
+    prompts: PromptPlane | None = None
 
 
 def build(settings: Settings) -> Pipeline:
@@ -80,8 +84,14 @@ def build(settings: Settings) -> Pipeline:
         from tailguard.agents.web import register_web
 
         register_web(app, telemetry)
-    experiments = register_experiments(app, topics, settings, stats)
-    capacity_hooks: list[Any] = []  # the capacity agent's, attached once outputs exist
+    prompts = register_prompts(app, settings, stats, thresholds=book.thresholds)
+    engine.prompt_group_of = prompts.group_of  # breaches name the groups of their prompts
+    # The hallucination guardrail stratifies by prompt group (a version not in the
+    # registry is its own stratum).
+    experiments = register_experiments(app, topics, settings, stats, stratum_of=prompts.group_of)
+    # Side consumers of the validated events: per-group SLIs, then the capacity agent's
+    # (attached once outputs exist).
+    capacity_hooks: list[Any] = [prompts.forward]
 
     async def forward(events: Any, positions: Any) -> None:
         await experiments.forward(events, positions)
@@ -122,4 +132,5 @@ def build(settings: Settings) -> Pipeline:
         experiments=experiments,
         otlp=otlp,
         capacity=capacity,
+        prompts=prompts,
     )

@@ -58,6 +58,8 @@ def run_worker(settings: Settings, loglevel: str = "info") -> int:
     pipeline.gpu_cache.start()
     if pipeline.admin is not None:
         pipeline.admin.start()  # reads the control topic to its end first
+    if pipeline.prompts is not None:
+        pipeline.prompts.start()  # reads the prompt registry to its end first
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:
@@ -66,6 +68,8 @@ def run_worker(settings: Settings, loglevel: str = "info") -> int:
         pipeline.gpu_cache.stop()
         if pipeline.admin is not None:
             pipeline.admin.stop()
+        if pipeline.prompts is not None:
+            pipeline.prompts.stop()
     if code == 0:
         (settings.data_dir / CLEAN_MARKER).touch()
     return code

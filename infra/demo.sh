@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # make demo: broker, topics, worker, GPU telemetry, eight hours of replayed
-# history with an incident (fast), then a live minute of traffic with a live
-# SLI table, then a report of SLIs and breaches. Stops everything it started.
+# history with an incident (fast), the capacity scenarios (knee and scaling,
+# expert breaker, RAG threshold), then a live minute of traffic with a live
+# SLI table, then a report of SLIs, breaches and capacity decisions. Stops
+# everything it started.
 #
 # The demo resets the local broker under $STATE (fresh broker + fresh worker
 # state together: faust's recovery consistency check, SPEC.md §7).
@@ -91,6 +93,42 @@ echo "· canary: chat's new prompt v2 on half the users defeats the prefix cache
 "$BIN/tailguard" alerts follow --topic releases --decision rollback --from-beginning -n 1 --duration 120 \
   --output json | tee "$DEMO_DIR/rollback.json" | "$BIN/python" -m json.tool \
   || echo "  (no rollback within 120 s; see $DEMO_DIR/worker.log)"
+
+CAPACITY_S="${DEMO_CAPACITY_S:-120}"
+if [ "$CAPACITY_S" -gt 0 ]; then
+  echo "· capacity: a load ramp across a knee at concurrency 8 (one scale_up, one scale_down), MoE expert 5 failing 40 % of its requests for a while (breaker open → half-open → closed), retrieval index kb drifting (its similarity threshold follows down); tailguard.capacity as it happens (up to ${CAPACITY_S}s, DEMO_CAPACITY_S=0 skips):"
+  "$BIN/python" -m tailguard.simulator.capacity --broker "$TAILGUARD_BROKER" \
+    --prefix "${TAILGUARD_TOPIC_PREFIX:-}" >"$DEMO_DIR/capacity.log" 2>&1 \
+    || { echo "simulator failed:"; tail -20 "$DEMO_DIR/capacity.log"; exit 1; }
+  "$BIN/python" - "$CAPACITY_S" <<'PY' || echo "  (not every capacity decision within ${CAPACITY_S}s; see $DEMO_DIR/worker.log)"
+import os
+import sys
+
+from tailguard.console import watch_capacity
+
+
+def done(records):
+    def of(model, kind):
+        return [r for r in records if r["deployment"]["model"] == model and r["kind"] == kind]
+
+    scale = [r["decision"] for r in of("ramp", "scale") if r["decision"] != "hold"]
+    return (
+        "scale_up" in scale
+        and scale[-1:] == ["scale_down"]
+        and any(r["decision"] == "closed" for r in of("moe", "breaker"))
+        and len(of("rag", "rag_threshold")) >= 2
+    )
+
+
+seen = watch_capacity(
+    os.environ["TAILGUARD_BROKER"],
+    timeout_s=float(sys.argv[1]),
+    done=done,
+    match=lambda r: r["deployment"]["model"] in {"ramp", "moe", "rag"},
+)
+sys.exit(0 if done(seen) else 1)
+PY
+fi
 
 echo "· live: 20 req/s for ${LIVE_S}s (watch the open minute move; Ctrl-C ends the demo)"
 "$BIN/tailguard" simulate --rate 20 --duration "$LIVE_S" --seed 42 --pace realtime \

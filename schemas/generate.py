@@ -33,9 +33,18 @@ from typing import Any, Final
 
 import msgspec
 from tailguard.schemas.codec import DEFAULT_LIMITS
+from tailguard.schemas.prompts import PROMPT_SCHEMA, PROMPT_SLI_SCHEMA, PromptGroupSli, PromptRecord
 from tailguard.schemas.records import INPUT_RECORDS, OUTPUT_RECORDS, SCHEMA_IDS
 
-__all__ = ["SCHEMA_DIR", "build_all", "build_schema", "main", "render"]
+__all__ = [
+    "RECORD_DOCUMENTS",
+    "SCHEMA_DIR",
+    "build_all",
+    "build_record_document",
+    "build_schema",
+    "main",
+    "render",
+]
 
 #: Where the shipped files live (package data of ``tailguard.schemas``).
 SCHEMA_DIR: Final = Path(__file__).resolve().parent / "jsonschema"
@@ -123,6 +132,40 @@ def build_schema(kind: str) -> dict[str, Any]:
     }
 
 
+#: Records of single-record topics defined beside ``records`` (schema id → Struct).
+RECORD_DOCUMENTS: Final[dict[str, tuple[type[msgspec.Struct], str]]] = {
+    PROMPT_SCHEMA: (
+        PromptRecord,
+        "One prompt version on the compacted topic tailguard.prompts (key: prompt_version). "
+        "At least one of text and text_sha256; when both, text_sha256 is the SHA-256 of text.",
+    ),
+    PROMPT_SLI_SCHEMA: (
+        PromptGroupSli,
+        "One SLI snapshot of a (service, model, prompt group) on tailguard.prompt_sli, framed "
+        "as a binary-mode CloudEvent. Subscribers should ignore fields they do not know.",
+    ),
+}
+
+
+def build_record_document(schema_id: str) -> dict[str, Any]:
+    """The JSON Schema document of one record of :data:`RECORD_DOCUMENTS`."""
+    record, description = RECORD_DOCUMENTS[schema_id]
+    ref, defs = _record_schema(record)
+    if record is PromptRecord:  # "text or text_sha256", as a JSON Schema
+        defs["PromptRecord"]["anyOf"] = [
+            {"required": [name], "properties": {name: {"type": "string"}}}
+            for name in ("text", "text_sha256")
+        ]
+    return {
+        "$schema": DRAFT,
+        "$id": schema_id,
+        "title": schema_id,
+        "description": description,
+        "$ref": ref["$ref"],
+        "$defs": defs,
+    }
+
+
 def render(document: dict[str, Any]) -> str:
     """The exact text written for a schema document."""
     return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
@@ -131,7 +174,9 @@ def render(document: dict[str, Any]) -> str:
 def build_all() -> dict[str, str]:
     """File name → file text, for every input and output record."""
     kinds = [*INPUT_RECORDS, *OUTPUT_RECORDS]
-    return {f"{SCHEMA_IDS[kind]}.json": render(build_schema(kind)) for kind in kinds}
+    files = {f"{SCHEMA_IDS[kind]}.json": render(build_schema(kind)) for kind in kinds}
+    files.update({f"{sid}.json": render(build_record_document(sid)) for sid in RECORD_DOCUMENTS})
+    return files
 
 
 def main(argv: Sequence[str] | None = None) -> int:

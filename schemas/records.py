@@ -51,6 +51,7 @@ __all__ = [
     "Centroid",
     "DeadLetter",
     "EvalScore",
+    "ExperimentTag",
     "FlowControl",
     "GpuSample",
     "InferenceEvent",
@@ -159,6 +160,16 @@ class FlowControl(_Input, kw_only=True):
     limit_tokens_per_s: NonNegative | None = None
 
 
+class ExperimentTag(_Input, kw_only=True):
+    """One experiment a request is in: the gateway's layers are orthogonal, so a
+    request may be in one experiment per layer."""
+
+    experiment: Name
+    variant: Name
+    layer: str | None = None
+    prompt_version: str | None = None
+
+
 class InferenceEvent(_Input, kw_only=True):
     """One finished inference request (ok, error, timeout, cancelled or rejected).
 
@@ -184,6 +195,15 @@ class InferenceEvent(_Input, kw_only=True):
     ] = []
     variant: Name = "default"
     experiment: str | None = None
+    experiments: Annotated[
+        list[ExperimentTag],
+        Meta(
+            description=(
+                "Every experiment the request is in, one per routing layer; `experiment`/"
+                "`variant` repeat the one that chose the upstream (else the first layer's)."
+            )
+        ),
+    ] = []
     prompt_version: str | None = None
     tenant: Name = "default"
     unit_id: str | None = None

@@ -12,19 +12,46 @@ Scaling decision tree (SPEC.md §3 item 7), evaluated once per closed interval::
 
     no knee yet ........................................ hold (no_knee)
     concurrency ≥ up_factor·knee for up_intervals in a row
+        last action a scale_up, less than settle_ms ago  hold (settling)
         in cool-down ................................... hold (cooldown)
-        else ........................................... scale_up
+        the overload episode of the last scale_up lasts  scale_up (overload_persists)
+        else ........................................... scale_up (threshold)
     util < util_below_pct and concurrency < down_factor·knee
         for down_intervals in a row
         util unknown ................................... hold (util_unknown)
         resident memory > mem_ceiling ................... hold (weights_resident)
+        last action a scale_down, less than settle_ms ago hold (settling)
         in cool-down ................................... hold (cooldown)
-        else ........................................... scale_down
+        the low-load episode of the last scale_down lasts scale_down (underload_persists)
+        else ........................................... scale_down (threshold)
     otherwise .......................................... hold (steady)
 
-Hysteresis: the streak counters reset after every decision and whenever the
-condition breaks, and a cool-down (``cooldown_ms``, event time) follows each
-decision, so a load hovering at a threshold cannot flap. "CPU" in the spec is
+One recommendation per episode. The same recommendation is repeated only
+when the condition still holds ``settle_ms`` (5 min) after the last one — the
+time a new LLM replica needs to start, load its weights and warm up, so the
+first recommendation could have taken effect (Kubernetes' HPA uses the same
+300 s as its scale-down stabilisation window). Until then, more of the same
+load is the load already answered, even when it dipped in between (real
+traffic measured in 10 s intervals does). A cool-down (``cooldown_ms``,
+event time) separates any two actions, so a load hovering at a threshold
+cannot flap. A repeat says whether the episode lasted: a scale_up opens an
+*overload episode* that ends when concurrency falls below
+``up_rearm_factor``·knee (default: back at the knee, 20 % under the
+trigger), a scale_down a *low-load episode* that ends when concurrency rises
+to ``down_rearm_factor``·knee; a repeat within the episode is
+``overload_persists`` / ``underload_persists``, after it ``threshold``.
+Before, a ramp that stayed above 1.2 × knee for two minutes got a scale_up
+after every 60 s cool-down::
+
+    concurrency  ──────╱▔▔▔▔▔▔▔▔▔▔▔▔╲____________
+    before             ↑up   ↑up   ↑up  ↓down ↓down ↓down
+    now                ↑up (episode)     ↓down (episode)
+
+Each decision's evidence carries ``capacity_factor`` = concurrency / knee:
+the multiple of today's capacity that would bring the load back to the knee
+(1.4 ⇒ add 40 %; 0.25 ⇒ a quarter would do).
+
+"CPU" in the spec is
 read as the serving accelerator's utilisation (``util_gpu_pct`` of the GPUs
 the deployment's requests name, from ``tailguard.gpu``); memory is their
 ``mem_used_mib / mem_total_mib`` (the resident weights plus KV cache — an upper
@@ -125,7 +152,15 @@ class ScalePolicy:
     down_intervals: int = 3
     up_intervals: int = 1
     mem_ceiling: float = 0.85
+    #: Least event time between any two actions (anti-flap).
     cooldown_ms: int = 60_000
+    #: Within one episode, repeat a recommendation only this long after the last
+    #: (the time new capacity needs to take effect; see the module docstring).
+    settle_ms: int = 300_000
+    #: An overload episode ends when concurrency < up_rearm_factor·knee.
+    up_rearm_factor: float = 1.0
+    #: A low-load episode ends when concurrency ≥ down_rearm_factor·knee.
+    down_rearm_factor: float = 0.8
 
     def __post_init__(self) -> None:
         if not 0 < self.down_factor < 1 < self.up_factor:
@@ -137,8 +172,11 @@ class ScalePolicy:
         if not 0 < self.mem_ceiling <= 1:
             msg = f"mem_ceiling is a fraction in (0, 1], got {self.mem_ceiling}"
             raise ConfigError(msg)
-        if self.cooldown_ms < 0:
-            msg = "cooldown_ms must be ≥ 0"
+        if self.cooldown_ms < 0 or self.settle_ms < self.cooldown_ms:
+            msg = "need 0 ≤ cooldown_ms ≤ settle_ms"
+            raise ConfigError(msg)
+        if not self.down_factor <= self.down_rearm_factor <= self.up_rearm_factor <= self.up_factor:
+            msg = "need down_factor ≤ down_rearm_factor ≤ up_rearm_factor ≤ up_factor"
             raise ConfigError(msg)
 
 
@@ -150,6 +188,9 @@ class ScaleState:
     low_streak: int = 0
     last_action_ms: int | None = None
     last_action: str | None = None
+    #: SCALE_UP during an overload episode that got its scale_up, SCALE_DOWN during
+    #: a low-load episode that got its scale_down, else None.
+    episode: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +232,9 @@ def decide(
             "up_intervals": policy.up_intervals,
             "mem_ceiling": policy.mem_ceiling,
             "cooldown_ms": policy.cooldown_ms,
+            "settle_ms": policy.settle_ms,
+            "up_rearm_factor": policy.up_rearm_factor,
+            "down_rearm_factor": policy.down_rearm_factor,
         },
     }
 
@@ -198,20 +242,32 @@ def decide(
         evidence["high_streak"] = state.high_streak
         evidence["low_streak"] = state.low_streak
         evidence["last_action_ms"] = state.last_action_ms
+        evidence["last_action"] = state.last_action
+        evidence["episode"] = state.episode
         return Decision(decision, reason, evidence)
 
     if knee is None or knee <= 0:
         state.high_streak = state.low_streak = 0
         return out(HOLD, "no_knee")
-    cooling = state.last_action_ms is not None and ts_ms - state.last_action_ms < policy.cooldown_ms
+    evidence["capacity_factor"] = round(concurrency / knee, 4)
+    # Episodes end on the far side of their hysteresis band.
+    over = state.episode == SCALE_UP and concurrency < policy.up_rearm_factor * knee
+    if over or (state.episode == SCALE_DOWN and concurrency >= policy.down_rearm_factor * knee):
+        state.episode = None
+    since = None if state.last_action_ms is None else ts_ms - state.last_action_ms
+    cooling = since is not None and since < policy.cooldown_ms
+    settling = since is not None and since < policy.settle_ms
     if concurrency >= policy.up_factor * knee:
         state.low_streak = 0
         state.high_streak += 1
         if state.high_streak < policy.up_intervals:
             return out(HOLD, "high_pending")
+        if settling and state.last_action == SCALE_UP:
+            return out(HOLD, "settling")
         if cooling:
             return out(HOLD, "cooldown")
-        return _act(state, ts_ms, SCALE_UP, out)
+        persists = state.episode == SCALE_UP
+        return _act(state, ts_ms, SCALE_UP, out, "overload_persists" if persists else "threshold")
     state.high_streak = 0
     low_load = concurrency < policy.down_factor * knee
     if not low_load:
@@ -228,16 +284,22 @@ def decide(
         return out(HOLD, "low_pending")
     if mem_fraction is not None and mem_fraction > policy.mem_ceiling:
         return out(HOLD, "weights_resident")
+    if settling and state.last_action == SCALE_DOWN:
+        return out(HOLD, "settling")
     if cooling:
         return out(HOLD, "cooldown")
-    return _act(state, ts_ms, SCALE_DOWN, out)
+    persists = state.episode == SCALE_DOWN
+    return _act(state, ts_ms, SCALE_DOWN, out, "underload_persists" if persists else "threshold")
 
 
-def _act(state: ScaleState, ts_ms: int, action: str, out: Any) -> Decision:
-    decision: Decision = out(action, "threshold")
+def _act(
+    state: ScaleState, ts_ms: int, action: str, out: Any, reason: str = "threshold"
+) -> Decision:
+    decision: Decision = out(action, reason)  # evidence: the streaks that led here
     state.high_streak = state.low_streak = 0
     state.last_action_ms = ts_ms
     state.last_action = action
+    state.episode = decision.evidence["episode"] = action
     return decision
 
 

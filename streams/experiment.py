@@ -47,6 +47,12 @@ Error control: each comparison runs at ``alpha / (guardrails × treatments)``
 looking at every update, forever — is at most ``alpha``; the same bound holds
 for a wrong promote. See :mod:`tailguard.streams.sequential` for the
 sequences and their sources.
+
+Human feedback (``hallucination_rate: {max_diff: d}``): ratings of requests
+(interactions of kind ``feedback``) are kept per arm and stratum; the arms are
+compared by a stratified permutation test
+(:mod:`tailguard.streams.permutation`) at fixed information milestones only,
+its share of alpha split over those looks — see :func:`_hallucination`.
 """
 
 import hashlib
@@ -63,6 +69,15 @@ from tailguard.streams.columns import event_hashes
 from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.experiment_def import ExperimentDef, Guardrail, metric_kind
 from tailguard.streams.loghist import LogHist
+from tailguard.streams.permutation import (
+    RESIDUAL,
+    Stratum,
+    mh_difference,
+    mh_interval,
+    pool_single_arm,
+    seed_of,
+    stratified_permutation_test,
+)
 from tailguard.streams.sequential import (
     SrmResult,
     bernoulli_cs,
@@ -75,6 +90,7 @@ from tailguard.streams.special import chi2_sf
 
 __all__ = [
     "DECISIONS",
+    "FEEDBACK_LABELS",
     "INTERACTION_KINDS",
     "ArmStats",
     "Decision",
@@ -83,6 +99,7 @@ __all__ = [
     "ExperimentRequests",
     "ExperimentState",
     "GuardrailResult",
+    "RequestBook",
     "SessionBook",
     "UnitBook",
     "decide",
@@ -90,11 +107,15 @@ __all__ = [
     "evidence",
     "fixed_horizon_p",
     "hash_strings",
+    "look_index",
+    "rating_strata",
 ]
 
 DECISIONS = ("rollback", "promote", "hold", "continue")
 #: Interaction kind → code on the wire.
 INTERACTION_KINDS = {"interrupt": 0, "session_complete": 1, "session_abandon": 2, "feedback": 3}
+#: Feedback label → code (0: no label).
+FEEDBACK_LABELS = {"correct": 1, "partial": 2, "hallucination": 3}
 _STATUS = {"ok": 0, "error": 1, "timeout": 2, "rejected": 3, "cancelled": 4}
 #: Fewest units (in all) before SRM is tested at all.
 SRM_MIN_UNITS = 100
@@ -368,11 +389,19 @@ class _InteractionsWire(msgspec.Struct, array_like=True):
     session: bytes
     part: bytes
     offset: bytes
+    # feedback (added later: records without them decode with empty columns)
+    label: bytes = b""
+    rater: bytes = b""
+    request: bytes = b""
 
 
 @dataclass(slots=True)
 class ExperimentInteractions:
-    """Interactions of one experiment as columns (``kind``: :data:`INTERACTION_KINDS`)."""
+    """Interactions of one experiment as columns (``kind``: :data:`INTERACTION_KINDS`).
+
+    Feedback: ``label`` (:data:`FEEDBACK_LABELS`, 0: none), ``rater`` and
+    ``request`` (the rated request's ``event_id``) as 64-bit hashes (0: none).
+    """
 
     arm_names: list[str]
     ts: np.ndarray
@@ -382,6 +411,18 @@ class ExperimentInteractions:
     session: np.ndarray
     part: np.ndarray
     offset: np.ndarray
+    label: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint8))
+    rater: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+    request: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+
+    def __post_init__(self) -> None:
+        n = self.ts.size
+        if self.label.size == 0 and n:
+            self.label = np.zeros(n, dtype=np.uint8)
+        if self.rater.size == 0 and n:
+            self.rater = np.zeros(n, dtype=np.uint64)
+        if self.request.size == 0 and n:
+            self.request = np.zeros(n, dtype=np.uint64)
 
     def __len__(self) -> int:
         return int(self.ts.size)
@@ -406,6 +447,13 @@ class ExperimentInteractions:
             session=hash_strings([ev.session_id for ev in events]),
             part=part,
             offset=offset,
+            label=np.fromiter(
+                (FEEDBACK_LABELS.get(getattr(ev, "label", None) or "", 0) for ev in events),
+                np.uint8,
+                n,
+            ),
+            rater=hash_strings([getattr(ev, "rater", None) for ev in events]),
+            request=hash_strings([getattr(ev, "request_event_id", None) for ev in events]),
         )
 
     def to_wire(self) -> _InteractionsWire:
@@ -418,6 +466,9 @@ class ExperimentInteractions:
             session=self.session.astype("<u8").tobytes(),
             part=self.part.astype("<i4").tobytes(),
             offset=self.offset.astype("<i8").tobytes(),
+            label=self.label.astype(np.uint8).tobytes(),
+            rater=self.rater.astype("<u8").tobytes(),
+            request=self.request.astype("<u8").tobytes(),
         )
 
     @classmethod
@@ -431,12 +482,18 @@ class ExperimentInteractions:
             session=np.frombuffer(w.session, "<u8"),
             part=np.frombuffer(w.part, "<i4").astype(np.int64),
             offset=np.frombuffer(w.offset, "<i8"),
+            label=np.frombuffer(w.label, np.uint8),
+            rater=np.frombuffer(w.rater, "<u8"),
+            request=np.frombuffer(w.request, "<u8"),
         )
         n = r.ts.size
-        if any(c.size != n for c in (r.kind, r.arm, r.unit, r.session, r.part, r.offset)):
+        cols = (r.kind, r.arm, r.unit, r.session, r.part, r.offset, r.label, r.rater, r.request)
+        if any(c.size != n for c in cols):
             msg = "experiment interaction columns disagree in length"
             raise ValueError(msg)
-        if n and (int(r.arm.max()) >= len(r.arm_names) or int(r.kind.max()) > 3):
+        if n and (
+            int(r.arm.max()) >= len(r.arm_names) or int(r.kind.max()) > 3 or int(r.label.max()) > 3
+        ):
             msg = "experiment interaction columns hold unknown arms or kinds"
             raise ValueError(msg)
         return r
@@ -451,6 +508,12 @@ _COUNTERS = (
 _HISTS = ("ttft", "e2e", "itl", "itl_all")
 #: Prompt versions remembered per arm (the most frequent; the rest are summed as "other").
 MAX_PROMPT_VERSIONS = 8
+#: Rating strata kept per arm (the rest are summed into "other").
+MAX_RATING_STRATA = 64
+#: Distinct raters remembered per arm (for the evidence's rater count).
+MAX_RATERS = 4096
+#: Stratum of feedback whose rated request the guard does not know.
+UNKNOWN_STRATUM = "unknown"
 
 
 class _ArmWire(msgspec.Struct, array_like=True):
@@ -458,6 +521,9 @@ class _ArmWire(msgspec.Struct, array_like=True):
     factors: list[int]
     hists: list[tuple[int, bytes]]
     prompts: dict[str, int]
+    # human feedback (added later; older state decodes without it)
+    ratings: dict[str, list[int]] = {}
+    raters: list[int] = []
 
 
 class ArmStats:
@@ -466,9 +532,14 @@ class ArmStats:
     Latencies are of ``ok`` requests; ``itl`` holds one gap per request (see
     :meth:`ExperimentRequests.sampled_gap`), ``itl_all`` every gap. Success
     rate = ok / (ok + failed), cancelled requests left out.
+
+    Human feedback: ``ratings`` maps a stratum (prompt group or version) to
+    ``[rated, hallucination, partial]``; ``raters`` holds the distinct raters'
+    hashes (at most :data:`MAX_RATERS`). Hallucination rate = hallucination /
+    rated (``partial`` counts as not a hallucination).
     """
 
-    __slots__ = (*_COUNTERS, *_HISTS, "factors", "prompts")
+    __slots__ = (*_COUNTERS, *_HISTS, "factors", "prompts", "ratings", "raters")
 
     def __init__(self) -> None:
         for name in _COUNTERS:
@@ -477,6 +548,8 @@ class ArmStats:
             setattr(self, name, LogHist())
         self.factors = [0] * len(FACTORS)
         self.prompts: dict[str, int] = {}
+        self.ratings: dict[str, list[int]] = {}
+        self.raters: set[int] = set()
 
     # typed views of the slots (mypy)
     requests: int
@@ -523,6 +596,25 @@ class ArmStats:
                 self.prompts[name] = self.prompts.get(name, 0) + c
             self._trim_prompts()
 
+    def add_rating(self, stratum: str, label: int, rater: int) -> None:
+        """Fold one feedback label (:data:`FEEDBACK_LABELS` code) of a request in ``stratum``."""
+        if stratum not in self.ratings and len(self.ratings) >= MAX_RATING_STRATA:
+            stratum = "other"
+        cell = self.ratings.setdefault(stratum, [0, 0, 0])
+        cell[0] += 1
+        cell[1] += int(label == FEEDBACK_LABELS["hallucination"])
+        cell[2] += int(label == FEEDBACK_LABELS["partial"])
+        if rater and len(self.raters) < MAX_RATERS:
+            self.raters.add(rater)
+
+    @property
+    def rated(self) -> int:
+        return sum(c[0] for c in self.ratings.values())
+
+    @property
+    def hallucinations(self) -> int:
+        return sum(c[1] for c in self.ratings.values())
+
     def _trim_prompts(self) -> None:
         if len(self.prompts) > MAX_PROMPT_VERSIONS:
             ranked = sorted(self.prompts.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -541,6 +633,16 @@ class ArmStats:
         for k, v in other.prompts.items():
             self.prompts[k] = self.prompts.get(k, 0) + v
         self._trim_prompts()
+        for k, cell in other.ratings.items():
+            if k not in self.ratings and len(self.ratings) >= MAX_RATING_STRATA:
+                k = "other"
+            mine = self.ratings.setdefault(k, [0, 0, 0])
+            for i in range(3):
+                mine[i] += cell[i]
+        for r in sorted(other.raters):
+            if len(self.raters) >= MAX_RATERS:
+                break
+            self.raters.add(r)
 
     def to_wire(self) -> _ArmWire:
         return _ArmWire(
@@ -548,6 +650,8 @@ class ArmStats:
             factors=list(self.factors),
             hists=[getattr(self, n).to_wire() for n in _HISTS],
             prompts=dict(self.prompts),
+            ratings={k: list(v) for k, v in self.ratings.items()},
+            raters=sorted(self.raters),
         )
 
     @classmethod
@@ -564,6 +668,8 @@ class ArmStats:
             0, len(FACTORS) - len(w.factors)
         )
         out.prompts = dict(w.prompts)
+        out.ratings = {k: ([int(x) for x in v] + [0, 0, 0])[:3] for k, v in w.ratings.items()}
+        out.raters = {int(r) for r in w.raters}
         return out
 
     # -- figures ----------------------------------------------------------
@@ -579,6 +685,8 @@ class ArmStats:
             return self.interrupted, self.sessions
         if metric == "session_completion":
             return self.completed, self.sessions
+        if metric == "hallucination_rate":
+            return self.hallucinations, self.rated
         msg = f"not a proportion metric: {metric}"
         raise ValueError(msg)
 
@@ -606,6 +714,16 @@ class SessionBook(Protocol):
     def mark_interrupted(self, session: int) -> None: ...
 
     def forget(self, session: int) -> None: ...
+
+
+class RequestBook(Protocol):
+    """Arm and prompt version of each request of an experiment with a hallucination
+    guardrail, by the hash of its ``event_id`` (persisted by the agent): how blind
+    feedback, which names only ``request_event_id``, finds its arm and stratum."""
+
+    def request(self, event: int) -> tuple[str, str] | None: ...
+
+    def remember_request(self, event: int, arm: str, prompt_version: str) -> None: ...
 
 
 # ---------------------------------------------------------------- decisions
@@ -638,6 +756,8 @@ class _StateWire(msgspec.Struct, array_like=True):
     last: tuple[str, str | None, list[str], int, str, int] | None
     seq: int
     changed_ms: int | None
+    # added later (older state decodes without them)
+    looks: dict[str, list[Any]] = {}
 
 
 @dataclass(slots=True)
@@ -665,6 +785,9 @@ class ExperimentState:
     last: LastDecision | None = None
     seq: int = 0
     changed_ms: int | None = None
+    #: The hallucination_rate test's last look per ``guardrail@arm``: [look index,
+    #: status, p-value, difference, lo, hi, alpha per look] (see :func:`_hallucination`).
+    looks: dict[str, list[Any]] = field(default_factory=dict)
 
     # -- bytes --------------------------------------------------------------
     def to_bytes(self) -> bytes:
@@ -698,6 +821,7 @@ class ExperimentState:
                 ),
                 seq=self.seq,
                 changed_ms=self.changed_ms,
+                looks=self.looks,
             )
         )
 
@@ -734,6 +858,7 @@ class ExperimentState:
             ),
             seq=w.seq,
             changed_ms=w.changed_ms,
+            looks={k: list(v) for k, v in w.looks.items()},
         )
 
     # -- helpers ------------------------------------------------------------
@@ -772,8 +897,18 @@ class ExperimentState:
         return ok
 
     # -- folding ------------------------------------------------------------
-    def absorb_requests(self, defn: ExperimentDef, r: ExperimentRequests, units: UnitBook) -> int:
-        """Fold requests in (idempotent per input offset); returns how many were taken."""
+    def absorb_requests(
+        self,
+        defn: ExperimentDef,
+        r: ExperimentRequests,
+        units: UnitBook,
+        requests: RequestBook | None = None,
+    ) -> int:
+        """Fold requests in (idempotent per input offset); returns how many were taken.
+
+        With a ``requests`` book and a ``hallucination_rate`` guardrail, every
+        request's arm and prompt version is remembered by its event id, for
+        feedback that names only the request (blind rating)."""
         if self.status != "running" or not len(r):
             return 0
         fresh = self._fresh("r", r.part, r.offset)
@@ -806,6 +941,10 @@ class ExperimentState:
             elif first != arm:
                 self.count("unit_crossovers")
         self.count("no_unit", int((ids == 0).sum()))
+        if requests is not None and any(g.metric == "hallucination_rate" for g in defn.guardrails):
+            prompts = sub.prompt_names
+            for h, a, pi in zip(sub.ids.tolist(), arms.tolist(), sub.prompt.tolist(), strict=True):
+                requests.remember_request(int(h), names[a], prompts[pi] if pi >= 0 else "")
         pairs = np.unique(np.stack([keys, arms.astype(np.int64)]), axis=1)
         for key, a in pairs.T.tolist():
             sel = np.flatnonzero((keys == key) & (arms == a))
@@ -821,9 +960,20 @@ class ExperimentState:
         x: ExperimentInteractions,
         units: UnitBook,
         sessions: SessionBook,
+        requests: RequestBook | None = None,
+        stratum_of: Callable[[str], str | None] | None = None,
+        *,
+        source: str = "i",
     ) -> int:
         """Fold interactions in: an ended session counts once, as interrupted when an
         interrupt of it came before its end. Returns how many were taken.
+
+        Feedback with a label is a rating of one request. Its arm: the feedback's
+        own ``variant`` when it names an arm, else the arm of the rated request
+        (``request_event_id`` in the ``requests`` book), else the first arm of its
+        ``unit_id``. Its stratum: ``stratum_of(prompt version of the rated request)``
+        (default: the version itself; ``"unknown"`` when the request is not known,
+        the version ``""`` when it had none) — see :func:`_hallucination`.
 
         Interactions come from another topic and naturally trail the requests (a
         session ends minutes after its last request), so they neither move the
@@ -832,7 +982,7 @@ class ExperimentState:
         """
         if self.status != "running" or not len(x):
             return 0
-        fresh = self._fresh("i", x.part, x.offset)
+        fresh = self._fresh(source, x.part, x.offset)
         self.count("replayed", int((~fresh).sum()))
         keep = fresh & (x.ts >= defn.start_ms if defn.start_ms is not None else True)
         names = defn.arm_names
@@ -840,20 +990,35 @@ class ExperimentState:
         every = defn.evaluate_every_ms
         for i in np.flatnonzero(keep).tolist():
             arm = x.arm_names[int(x.arm[i])] if x.arm[i] >= 0 else None
-            if arm is None and x.unit[i]:
+            kind = int(x.kind[i])
+            rated = None
+            if kind == 3 and requests is not None and x.request[i]:
+                rated = requests.request(int(x.request[i]))
+                if arm not in names and rated is not None:
+                    arm = rated[0]
+            if arm not in names and x.unit[i]:
                 arm = units.arm_of(int(x.unit[i]))
             if arm is None or arm not in names:
                 self.count("interactions_unknown_arm")
                 continue
             session = int(x.session[i])
-            kind = int(x.kind[i])
+            if kind == 3 and x.label[i]:
+                ts = self._late_to_open(int(x.ts[i]))
+                version = rated[1] if rated is not None else None
+                if version is None:
+                    stratum = UNKNOWN_STRATUM
+                else:
+                    stratum = (stratum_of(version) if stratum_of else None) or version
+                self._bucket(ts - ts % every, arm).add_rating(
+                    stratum, int(x.label[i]), int(x.rater[i])
+                )
+                self.count("ratings")
+                taken += 1
+                continue
             if session == 0 or kind == 3:
                 self.count("interactions_ignored")
                 continue
-            ts = int(x.ts[i])
-            if self.closed_ms is not None and ts < self.closed_ms:
-                self.count("interactions_late")
-                ts = self.closed_ms
+            ts = self._late_to_open(int(x.ts[i]))
             taken += 1
             if kind == 0:
                 sessions.mark_interrupted(session)
@@ -866,6 +1031,13 @@ class ExperimentState:
             sessions.forget(session)
         self.count("interactions", taken)
         return taken
+
+    def _late_to_open(self, ts: int) -> int:
+        """An interaction older than the last folded boundary joins the oldest open bucket."""
+        if self.closed_ms is not None and ts < self.closed_ms:
+            self.count("interactions_late")
+            return self.closed_ms
+        return ts
 
     def absorb_eval(self, arm: str, metric: str, ts_ms: int, value: float, n: int | None) -> bool:
         """Keep the newest offline score per arm and metric; True when it changed."""
@@ -970,9 +1142,15 @@ class GuardrailResult:
     alpha: float
     _reject: Callable[[float], bool] | None = None
     _fixed: Callable[[], float | None] | None = None
+    #: Test-specific evidence (the hallucination guardrail's permutation test).
+    details: dict[str, Any] | None = None
 
     def p_value(self) -> float | None:
-        """Anytime-valid p-value of "the guardrail holds" (smallest α that breaches)."""
+        """Anytime-valid p-value of "the guardrail holds" (smallest α that breaches);
+        for the hallucination guardrail, its stratified permutation p-value."""
+        if self.details is not None:
+            p = self.details.get("p_value")
+            return None if p is None else float(p)
         if self._reject is None:
             return None
         return float(p_value_by_bisection(self._reject))
@@ -1036,6 +1214,8 @@ def _verdict(g: Guardrail, lo: float, hi: float) -> str:
 def _min_n(defn: ExperimentDef, metric: str) -> tuple[str, int]:
     if metric in ("interruption_rate", "session_completion"):
         return "sessions", defn.min_samples.sessions
+    if metric == "hallucination_rate":
+        return "ratings", defn.min_samples.ratings
     return "requests", defn.min_samples.requests
 
 
@@ -1116,6 +1296,117 @@ def _guardrail(
     )
 
 
+def rating_strata(t: ArmStats, c: ArmStats) -> dict[str, Stratum]:
+    """The permutation test's strata of a treatment and the control."""
+    out: dict[str, Stratum] = {}
+    for key in sorted(set(t.ratings) | set(c.ratings)):
+        tc, cc = t.ratings.get(key, [0, 0, 0]), c.ratings.get(key, [0, 0, 0])
+        out[key] = Stratum(tc[1], tc[0], cc[1], cc[0])
+    return out
+
+
+def look_index(defn: ExperimentDef, n: int) -> int:
+    """The last information milestone ``n`` rated requests (per arm) reached:
+    −1 before ``min_samples.ratings``, else k with ratings·2^k ≤ n (k < rating_looks)."""
+    first = max(1, defn.min_samples.ratings)
+    if n < first:
+        return -1
+    k: int = (int(n) // first).bit_length() - 1
+    return min(int(defn.rating_looks) - 1, k)
+
+
+def _hallucination(
+    defn: ExperimentDef,
+    g: Guardrail,
+    arm: str,
+    t: ArmStats,
+    c: ArmStats,
+    state: "ExperimentState | None",
+) -> GuardrailResult:
+    """``hallucination_rate: {max_diff: d}`` by a stratified permutation test, judged
+    only at fixed information milestones.
+
+    Looks: the test runs when the smaller arm's rated requests first reach
+    ``min_samples.ratings × 2^k`` (k = 0 … ``rating_looks`` − 1), at level
+    ``α_look = test_alpha / rating_looks`` each (Bonferroni over the looks), and
+    its verdict stands until the next milestone. So however often the guard
+    evaluates, this guardrail is tested at most ``rating_looks`` times and the
+    chance that it ever rolls back an arm that does not raise the rate is at
+    most ``test_alpha``.
+
+    Verdict at a look: **breached** when the one-sided permutation p-value
+    (treatment worse, :func:`~tailguard.streams.permutation.stratified_permutation_test`)
+    is below ``α_look`` *and* the pooled difference exceeds ``d`` (significant and
+    larger than tolerated); **passed** when the upper bound of the pooled
+    difference's interval at ``α_look`` is within ``d``; else undecided.
+    """
+    tv = _arm_interval(t, g.metric, defn.test_alpha / 2.0)
+    cv = _arm_interval(c, g.metric, defn.test_alpha / 2.0)
+    strata = rating_strata(t, c)
+    n = min(t.rated, c.rated)
+    k = look_index(defn, n)
+    alpha_look = defn.test_alpha / defn.rating_looks
+    key = f"{g.name}@{arm}"
+    held = state.looks.get(key) if state is not None else None
+    if k >= 0 and (held is None or int(held[0]) < k):
+        seed = seed_of(defn.id, state.generation if state else 1, arm, k)
+        res = stratified_permutation_test(strata, seed=seed)
+        lo, hi = mh_interval(pool_single_arm(strata).values(), alpha_look)
+        d = res.difference
+        if d is not None and res.p_value < alpha_look and d > g.limit:
+            status = "breached"
+        elif d is not None and hi <= g.limit:
+            status = "passed"
+        else:
+            status = "undecided"
+        held = [k, status, res.p_value, d, lo, hi, alpha_look, res.method, res.strata]
+        if state is not None:
+            state.looks[key] = held
+    if held is None or k < 0:
+        status, p, d, lo, hi, method, used = "insufficient", None, None, -1.0, 1.0, None, 0
+        look = None
+    else:
+        look, status, p, d, lo, hi, _, method, used = held
+    pooled = pool_single_arm(strata)
+    details = {
+        "test": "stratified permutation (Mantel-Haenszel risk difference, one-sided)",
+        "p_value": p,
+        "difference_at_look": d,
+        "method": method,
+        "look": None if look is None else int(look) + 1,
+        "looks": defn.rating_looks,
+        "look_at_ratings": None if look is None else max(1, defn.min_samples.ratings) << int(look),
+        "alpha_per_look": alpha_look,
+        "raters": len(t.raters | c.raters),
+        "raters_per_arm": {arm: len(t.raters), defn.control: len(c.raters)},
+        "strata": {
+            name: {
+                arm: {"rated": s.n_t, "hallucination": s.x_t},
+                defn.control: {"rated": s.n_c, "hallucination": s.x_c},
+            }
+            for name, s in list(strata.items())[:16]
+        },
+        "strata_used": used,
+        "pooled_single_arm_strata": RESIDUAL in pooled,
+    }
+    est = None if tv.value is None or cv.value is None else tv.value - cv.value
+    pooled_d = mh_difference(pooled.values())
+    return GuardrailResult(
+        guardrail=g,
+        arm=arm,
+        control=cv,
+        treatment=tv,
+        estimate=pooled_d if pooled_d is not None else est,
+        interval=(float(lo), float(hi)),
+        status=status,  # type: ignore[arg-type]
+        worse=status == "breached",
+        alpha=alpha_look,
+        _fixed=lambda: fixed_horizon_p(((t.hallucinations, t.rated - t.hallucinations),
+                                        (c.hallucinations, c.rated - c.hallucinations))),
+        details=details,
+    )  # fmt: skip
+
+
 def _pollution(defn: ExperimentDef, arms: dict[str, ArmStats]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     control = arms[defn.control]
@@ -1184,7 +1475,9 @@ def evaluate(defn: ExperimentDef, state: ExperimentState, at_ms: int) -> Evaluat
     arms = {name: state.arm(name) for name in defn.arm_names}
     control = arms[defn.control]
     results = [
-        _guardrail(defn, g, arm, arms[arm], control)
+        _hallucination(defn, g, arm, arms[arm], control, state)
+        if g.metric == "hallucination_rate" and g.kind == "diff"
+        else _guardrail(defn, g, arm, arms[arm], control)
         for arm in defn.treatments
         for g in defn.guardrails
     ]
@@ -1239,11 +1532,20 @@ def _describe(r: GuardrailResult) -> str:
     lo, hi = r.interval
     what = {"ratio": "treatment/control", "diff": "treatment−control", "level": "value"}[g.kind]
     op = "≤" if g.bound == "max" else "≥"
-    return (
+    text = (
         f"{g.metric} in {r.arm}: {what} {_fmt(r.estimate)} "
         f"[{_fmt(lo)}, {_fmt(hi)}], limit {op} {g.limit:g} "
         f"({r.treatment.n} vs {r.control.n} samples)"
     )
+    if r.details is not None and r.details.get("p_value") is not None:
+        d = r.details
+        text += (
+            f"; human feedback: {_fmt(r.treatment.value)} vs {_fmt(r.control.value)} "
+            f"hallucination rate, stratified permutation p = {d['p_value']:.2g} "
+            f"< {d['alpha_per_look']:.2g} at look {d['look']} of {d['looks']}, "
+            f"{d['raters']} raters"
+        )
+    return text
 
 
 def decide(defn: ExperimentDef, ev: Evaluation) -> Decision:
@@ -1360,6 +1662,8 @@ def evidence(defn: ExperimentDef, ev: Evaluation, *, with_p_values: bool = True)
             "status": r.status,
             "worse": r.worse,
         }
+        if r.details is not None:
+            metrics[key]["test"] = r.details
     out: dict[str, Any] = {"metrics": metrics}
     if ev.srm is not None:
         s = ev.srm
@@ -1394,6 +1698,9 @@ def evidence(defn: ExperimentDef, ev: Evaluation, *, with_p_values: bool = True)
                 for i, f in enumerate(FACTORS)
             },
             "prompt_versions": dict(s.prompts),
+            "rated": s.rated,
+            "hallucination_rate": _round(s.hallucinations / s.rated) if s.rated else None,
+            "raters": len(s.raters),
         }
         for name, s in ev.arms.items()
     }

@@ -18,14 +18,19 @@ and in the admin API::
       success_rate: {min: 0.992}       #   absolute: treatment ≥ 99.2 %
       interruption_rate: {max_diff: 0.02}    # at most +2 points over control
       session_completion: {min_diff: -0.02}  # at most −2 points
-    min_samples: {units: 1000, requests: 2000, sessions: 200}   # per arm
+      hallucination_rate: {max_diff: 0.02}   # human feedback: at most +2 points
+    min_samples: {units: 1000, requests: 2000, sessions: 200, ratings: 200}   # per arm
+    rating_looks: 6                    # hallucination_rate: tested at ratings × 1, 2, 4 … 32
     alpha: 0.01                        # family-wise error of the guardrail decisions
     srm_alpha: 0.001
 
 Metrics: ``{ttft|itl|e2e}_p{50|90|95|99|999}`` (latency quantiles; ``itl`` is the
 per-token gap), ``success_rate``, ``interruption_rate`` (IR: share of ended
 sessions the user interrupted mid-stream), ``session_completion`` (SC: share
-of ended sessions completed). Constraints: ``max_ratio`` / ``min_ratio``
+of ended sessions completed), ``hallucination_rate`` (share of rated requests
+that a human rater labelled ``hallucination``; ``max_diff`` is judged by a
+stratified permutation test at fixed information milestones, see
+:mod:`tailguard.streams.experiment`). Constraints: ``max_ratio`` / ``min_ratio``
 (treatment ÷ control), ``max_diff`` / ``min_diff`` (treatment − control) and
 ``max`` / ``min`` (the treatment's own level). A constraint whose direction
 does not fit the metric's "bad" direction (``min_ratio`` on a latency) is
@@ -57,6 +62,7 @@ PROPORTION_METRICS: dict[str, tuple[str, str]] = {
     "success_rate": ("down", "requests"),
     "interruption_rate": ("up", "sessions"),
     "session_completion": ("down", "sessions"),
+    "hallucination_rate": ("up", "ratings"),
 }
 #: constraint key → (kind, bound)
 CONSTRAINTS: dict[str, tuple[str, str]] = {
@@ -158,9 +164,11 @@ class MinSamples:
     units: int = 0
     requests: int = 1000
     sessions: int = 200
+    #: Rated requests (human feedback) per arm before hallucination_rate is first tested.
+    ratings: int = 200
 
     def __post_init__(self) -> None:
-        for name in ("units", "requests", "sessions"):
+        for name in ("units", "requests", "sessions", "ratings"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 msg = f"min_samples.{name} must be an integer >= 0, got {v!r}"
@@ -200,6 +208,9 @@ class ExperimentDef:
     evals_lower_is_better: tuple[str, ...] = ("perplexity", "wer", "cer", "ter")
     #: Event-time period of evaluations.
     evaluate_every_ms: int = 60_000
+    #: Looks of the hallucination_rate permutation test: at min_samples.ratings × 2^k
+    #: rated requests per arm, k = 0 … rating_looks − 1 (its alpha split over them).
+    rating_looks: int = 6
     #: Events before this time (epoch ms) are ignored; None: from the first event.
     start_ms: int | None = None
     description: str = ""
@@ -257,6 +268,13 @@ class ExperimentDef:
             msg = f"{where}: evaluate_every_s must be between 1 and 3600 s"
             raise ConfigError(msg)
         object.__setattr__(self, "evals_lower_is_better", tuple(self.evals_lower_is_better))
+        if (
+            isinstance(self.rating_looks, bool)
+            or not isinstance(self.rating_looks, int)
+            or not 1 <= self.rating_looks <= 20
+        ):
+            msg = f"{where}: rating_looks must be an integer in [1, 20], got {self.rating_looks!r}"
+            raise ConfigError(msg)
 
     # -- derived ----------------------------------------------------------
     @property
@@ -288,7 +306,7 @@ class ExperimentDef:
         known = {
             "id", "unit", "arms", "control", "guardrails", "min_samples", "alpha", "srm_alpha",
             "pollution_min_diff", "eval_min_gain", "evals_lower_is_better", "evaluate_every_s",
-            "start_ms", "description",
+            "start_ms", "description", "rating_looks",
         }  # fmt: skip
         unknown = sorted(set(data) - known)
         exp_id = data.get("id")
@@ -315,8 +333,8 @@ class ExperimentDef:
             arms.append(Arm(str(a["name"]), float(weight)))
         rails = _guardrails(data.get("guardrails"), where)
         ms = data.get("min_samples", {})
-        if not isinstance(ms, Mapping) or set(ms) - {"units", "requests", "sessions"}:
-            msg = f"{where}: min_samples takes units, requests, sessions; got {ms!r}"
+        if not isinstance(ms, Mapping) or set(ms) - {"units", "requests", "sessions", "ratings"}:
+            msg = f"{where}: min_samples takes units, requests, sessions, ratings; got {ms!r}"
             raise ConfigError(msg)
         every = data.get("evaluate_every_s", 60)
         if isinstance(every, bool) or not isinstance(every, int | float):
@@ -332,6 +350,8 @@ class ExperimentDef:
             "evaluate_every_ms": round(float(every) * 1000),
             "description": str(data.get("description", "") or ""),
         }
+        if "rating_looks" in data:
+            kwargs["rating_looks"] = data["rating_looks"]
         for key in ("alpha", "srm_alpha", "pollution_min_diff", "eval_min_gain"):
             if key in data:
                 v = data[key]
@@ -368,6 +388,7 @@ class ExperimentDef:
                 "units": self.min_samples.units,
                 "requests": self.min_samples.requests,
                 "sessions": self.min_samples.sessions,
+                "ratings": self.min_samples.ratings,
             },
             "alpha": self.alpha,
             "srm_alpha": self.srm_alpha,
@@ -375,6 +396,7 @@ class ExperimentDef:
             "eval_min_gain": self.eval_min_gain,
             "evals_lower_is_better": list(self.evals_lower_is_better),
             "evaluate_every_s": self.evaluate_every_ms / 1000,
+            "rating_looks": self.rating_looks,
             "description": self.description,
         }
         if self.start_ms is not None:

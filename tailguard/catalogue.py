@@ -32,6 +32,9 @@ __all__ = [
     "INTERACTIONS",
     "KV",
     "OTLP",
+    "PROMPTS",
+    "PROMPT_SLI",
+    "RATINGS",
     "RELEASES",
     "SERIES",
     "SLI",
@@ -55,6 +58,16 @@ CAPACITY = "tailguard.capacity"
 ADMIN_REPLIES = "tailguard.admin.replies"
 AUDIT = "tailguard.audit"
 DEADLETTER = "tailguard.deadletter"
+#: Blind rating hand-off: sampled requests for human raters, without their arm
+#: (tailguard.rating.v1, written by the gateway; :mod:`tailguard.gateway.ratings`).
+RATINGS = "tailguard.ratings"
+#: The prompt registry: prompt_version → tailguard.prompt.v1, compacted, kept
+#: forever; every worker reads all of it (:mod:`tailguard.agents.prompts`).
+PROMPTS = "tailguard.prompts"
+#: SLI snapshots per (service, model, prompt group) (tailguard.prompt_sli.v1).
+PROMPT_SLI = "tailguard.prompt_sli"
+#: Internal: compact per-request rows re-keyed by deployment for the prompt-group SLIs.
+INTERNAL_PROMPTS = "tailguard.internal.prompts"
 #: Internal: validated inference events re-keyed by series, so that one
 #: partition (and one worker) owns each series' state.
 SERIES = "tailguard.internal.series"
@@ -153,6 +166,7 @@ def _specs(p: int) -> list[TopicSpec]:
             description="internal: interference",
         ),
         TopicSpec(INTERNAL_CAPACITY, p, 1 * _DAY, description="internal: load rows by deployment"),
+        TopicSpec(INTERNAL_PROMPTS, p, 1 * _DAY, description="internal: prompt rows by deployment"),
         TopicSpec(SLI, p, 7 * _DAY, description="SLI snapshots per series and window"),
         TopicSpec(BREACHES, p, 30 * _DAY, description="SLO breach lifecycle"),
         TopicSpec(RELEASES, 1, 30 * _DAY, compact=True, description="gray-release decisions"),
@@ -162,4 +176,7 @@ def _specs(p: int) -> list[TopicSpec]:
         # retention -1 with compaction: the latest value of each key is kept forever.
         TopicSpec(CONTROL, 1, -1, compact=True, description="internal: worker-wide admin state"),
         TopicSpec(DEADLETTER, p, 14 * _DAY, description="bad input with reasons"),
+        TopicSpec(RATINGS, p, 7 * _DAY, description="requests for blind human rating (no arm)"),
+        TopicSpec(PROMPTS, 1, -1, compact=True, description="prompt registry (input)"),
+        TopicSpec(PROMPT_SLI, p, 7 * _DAY, description="SLI snapshots per prompt group"),
     ]

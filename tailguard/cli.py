@@ -16,6 +16,8 @@
     tailguard gateway --upstream URL [--upstream-canary URL]
                                   OpenAI-compatible proxy: measures requests, routes experiments
     tailguard simulate-upstream   a simulated OpenAI-compatible server with known delays
+    tailguard prompts add FILE    register a prompt version in tailguard.prompts
+    tailguard prompts list        registered versions with their prompt groups
 
 Operators get one-line errors, not tracebacks: every ``TailguardError`` is
 printed with what to do and exits with status 2.
@@ -272,6 +274,7 @@ def _attach_plugins() -> None:
     from tailguard.alerts.cli import alerts
     from tailguard.gateway.cli import gateway, simulate_upstream
     from tailguard.gpu.cli import gpu_sampler
+    from tailguard.prompts import prompts
     from tailguard.simulator.cli import simulate
 
     cli.add_command(simulate, "simulate")
@@ -280,6 +283,7 @@ def _attach_plugins() -> None:
     cli.add_command(alerts, "alerts")
     cli.add_command(gateway, "gateway")
     cli.add_command(simulate_upstream, "simulate-upstream")
+    cli.add_command(prompts, "prompts")
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from tailguard.catalogue import BREACHES, SLI, default_prefix
+from tailguard.catalogue import BREACHES, CAPACITY, SLI, default_prefix
 from tailguard.errors import TailguardError
 from tailguard.kafka_admin import ensure_broker
 
@@ -25,12 +25,15 @@ __all__ = [
     "TopicMissing",
     "TopicRead",
     "breach_report",
+    "capacity_line",
+    "capacity_report",
     "follow",
     "heatmap_report",
     "read_to_end",
     "report",
     "sli_table",
     "tail",
+    "watch_capacity",
     "watch_sli",
 ]
 
@@ -326,7 +329,129 @@ def _why(breach: dict[str, Any]) -> str:
     ]
     if stages and breach.get("state") != "resolved":
         parts.append(", ".join(stages[:3]))
+    prompts = [
+        f"{p['prompt_version']} {p['bad_share']:.0%}"
+        + (f" ({p['prompt_group']})" if p.get("prompt_group") else "")
+        for p in breach.get("prompts") or []
+        if isinstance(p, dict) and isinstance(p.get("bad_share"), int | float)
+    ]
+    if prompts and breach.get("state") != "resolved":
+        parts.append("prompts: " + ", ".join(prompts[:2]))
     return "\n".join(parts) or "–"
+
+
+def capacity_line(rec: dict[str, Any]) -> str:
+    """One ``tailguard.capacity.v1`` record in a line: what was decided, from what."""
+    when, where, what = _capacity_parts(rec)
+    return f"{when}  {where:<22} {rec.get('kind', '?'):<13} {rec.get('decision', '?'):<11} {what}"
+
+
+def _capacity_parts(rec: dict[str, Any]) -> tuple[str, str, str]:
+    """(event time, deployment and subject, the evidence in words) of a capacity record."""
+    ev = rec.get("evidence") or {}
+    dep = rec.get("deployment") or {}
+    kind, decision = rec.get("kind", "?"), rec.get("decision", "?")
+    subject = ""
+    if kind == "knee":
+        what = (
+            f"knee at concurrency {ev.get('knee_concurrency')} "
+            f"(P95 {_ms(ev.get('knee_p95_ms'))} ms, {ev.get('samples')} intervals)"
+        )
+    elif kind == "scale":
+        up = decision == "scale_up" or (
+            decision == "hold"
+            and isinstance(ev.get("up_threshold"), int | float)
+            and (ev.get("concurrency") or 0) >= ev["up_threshold"]
+        )
+        factor = ev.get("capacity_factor")
+        what = (
+            f"concurrency {ev.get('concurrency')} {'≥' if up else '<'} "
+            f"{ev.get('up_threshold') if up else ev.get('down_threshold')}"
+            f" (knee {ev.get('knee')}), util {ev.get('util_pct')}%, mem {ev.get('mem_fraction')}"
+            + (f" → capacity ×{factor:.2f}" if isinstance(factor, int | float) else "")
+            + f" [{rec.get('reason')}]"
+        )
+    elif kind == "breaker":
+        subject = f"expert {rec.get('expert')}"
+        health = (
+            f"cool-down of {ev.get('cooldown_ms', 0) / 1000:.0f} s over, probing"
+            if decision == "half_open"
+            else f"error rate {ev.get('error_rate', 0):.0%}, P99 {_ms(ev.get('p99_ms'))} ms "
+            f"over {ev.get('requests')} requests"
+        )
+        what = (
+            f"{ev.get('before')} → {decision}: {health}; "
+            f"fallback takes {ev.get('fallback_share', 0):.1%}"
+        )
+    elif kind == "rag_threshold":
+        subject = f"index {rec.get('index')}"
+        prev = ev.get("previous")
+        what = (
+            f"threshold {'' if prev is None else f'{prev:.3f} → '}{ev.get('threshold', 0):.3f} "
+            f"(q{ev.get('quantile')} of Beta({ev.get('alpha', 0):.1f}, {ev.get('beta', 0):.1f})"
+            + (f", band ±{ev['band']:.3f}" if prev is not None and ev.get("band") else "")
+            + ")"
+        )
+    elif kind == "warmup":
+        subject = f"instance {rec.get('instance')}"
+        what = (
+            f"TTFT p50 {_ms(ev.get('before_ttft_p50_ms'))} ms during warm-up → "
+            f"{_ms(ev.get('after_ttft_p50_ms'))} ms after"
+        )
+    else:
+        what = rec.get("reason") or ""
+    when = time.strftime("%H:%M:%S", time.gmtime(rec.get("ts_ms", 0) / 1000)) + "Z"
+    where = f"{dep.get('service')}/{dep.get('model')}" + (f" {subject}" if subject else "")
+    return when, where, what
+
+
+def watch_capacity(
+    broker: str,
+    *,
+    timeout_s: float,
+    done: Callable[[list[dict[str, Any]]], bool] | None = None,
+    match: Callable[[dict[str, Any]], bool] | None = None,
+) -> list[dict[str, Any]]:
+    """Print every ``tailguard.capacity`` record (that ``match`` accepts) as it arrives,
+    from the beginning, until ``done(records)`` holds or ``timeout_s`` passes; returns them."""
+    out = _console()
+    records: list[dict[str, Any]] = []
+    for _key, value, _headers in follow(
+        broker, default_prefix() + CAPACITY, from_beginning=True, timeout_s=timeout_s
+    ):
+        rec = json.loads(value or b"{}")
+        if match is not None and not match(rec):
+            continue
+        records.append(rec)
+        out.print("  " + capacity_line(rec), highlight=False, soft_wrap=True)
+        if done is not None and done(records):
+            break
+    return records
+
+
+def capacity_report(
+    broker: str, *, idle_s: float = 5.0, records: Iterable[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Print the capacity decisions as a table (holds left out, and of each
+    deployment's knee updates only the latest); returns the rows."""
+    if records is None:
+        records = _json_values(broker, default_prefix() + CAPACITY, idle_s)
+    rows = [r for r in records if r.get("decision") != "hold"]
+    last_knee = {
+        json.dumps(r.get("deployment"), sort_keys=True): id(r) for r in rows if r["kind"] == "knee"
+    }
+    rows = [r for r in rows if r["kind"] != "knee" or id(r) in last_knee.values()]
+    rows.sort(key=lambda r: (str(r.get("deployment")), r.get("ts_ms", 0)))
+    table = Table(title="tailguard · capacity decisions", expand=True)
+    for col in ("event time", "deployment", "kind", "decision", "evidence"):
+        table.add_column(col)
+    colour = {"scale_up": "red", "open": "red", "scale_down": "green", "closed": "green"}
+    for r in rows:
+        when, where, what = _capacity_parts(r)
+        c = colour.get(r.get("decision", ""), "yellow")
+        table.add_row(when, where, r.get("kind", "?"), f"[{c}]{r.get('decision')}[/{c}]", what)
+    _console().print(table)
+    return rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,6 +565,12 @@ def heatmap_report(
             out.print(f"[yellow]warning: {read.undecodable} non-JSON record(s) on {read.topic}[/]")
     report(broker, idle_s=idle_s, window=window, records=sli.records)
     breach_report(broker, idle_s=idle_s, records=breaches.records)
+    try:
+        capacity = read_to_end(broker, default_prefix() + CAPACITY, idle_s=idle_s)
+    except TopicMissing:
+        capacity = None
+    if capacity is not None and capacity.records:
+        capacity_report(broker, records=capacity.records)
     heatmaps = build_heatmaps(sli.records, breaches.records, window=window, last=last)
     try:
         files = write_report(

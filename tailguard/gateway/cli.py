@@ -65,6 +65,14 @@ def _host_port(value: str) -> tuple[str, int]:
 @click.option("--no-follow-releases", is_flag=True, help="Do not read tailguard.releases.")
 @click.option("--read-timeout", type=float, default=300.0, show_default=True)
 @click.option("--instance-id", default=None, help="Name of this gateway in audit records.")
+@click.option(
+    "--rating-rate",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.0,
+    show_default=True,
+    help="Share of finished requests forwarded to tailguard.ratings for blind human rating "
+    "(no experiment, arm or prompt version in them).",
+)
 @click.option("--loglevel", default="info", show_default=True)
 def gateway(
     upstream: str,
@@ -83,6 +91,7 @@ def gateway(
     no_follow_releases: bool,
     read_timeout: float,
     instance_id: str | None,
+    rating_rate: float,
     loglevel: str,
 ) -> None:
     """OpenAI-compatible streaming reverse proxy: measure every request into
@@ -127,6 +136,7 @@ def gateway(
         linger_ms=linger_ms,
         follow_releases=not no_follow_releases,
         upstream_read_timeout_s=read_timeout,
+        rating_rate=rating_rate,
         **extra,  # type: ignore[arg-type]
     )
     sys.exit(run_gateway(config, loglevel=loglevel))

@@ -90,6 +90,8 @@ class GatewayConfig:
     source: str = field(default_factory=lambda: f"tailguard-gateway/{os.uname().nodename}")
     session_header: str = DEFAULT_SESSION_HEADER
     tenant_header: str = DEFAULT_TENANT_HEADER
+    #: Share of finished requests forwarded for blind human rating (tailguard.ratings).
+    rating_rate: float = 0.0
 
     def __post_init__(self) -> None:
         if PRIMARY not in self.upstreams:
@@ -102,6 +104,9 @@ class GatewayConfig:
                 f"(known: {sorted(self.upstreams)}); add --upstream-canary URL or "
                 "--upstream-extra NAME=URL"
             )
+            raise RoutingConfigError(msg)
+        if not 0.0 <= self.rating_rate <= 1.0:
+            msg = f"rating_rate must be in [0, 1], got {self.rating_rate}"
             raise RoutingConfigError(msg)
         if self.buffer_events < 1 or self.batch_events < 1 or self.linger_ms < 0:
             msg = "buffer_events and batch_events must be ≥ 1 and linger_ms ≥ 0"

@@ -20,6 +20,16 @@ Experiment Infrastructure: More, Better, Faster Experimentation" (KDD 2010):
       0        0.45       0.5                          1.0
       ├ control ┼ canary ─┤ (experiment canary-v2, traffic 0.5) ├── not in any ──┤
 
+Concurrent prompt experiments: put them in different layers (say ``prompt``
+and ``release``) and each request gets one arm in each; a test builds the
+arm × arm table of 20,000 units and finds it independent (chi-square), and
+finds a shared salt dependent. A request is sent with one prompt: keep prompt
+versions in one layer (if two layers set one, the first layer's wins). The event
+of a request in several experiments names the primary one in
+``experiment``/``variant`` (SPEC §1: room for one) and lists all of them in
+``experiments`` (:meth:`Selection.tags`); its ``prompt_version`` is the one it
+was served with, whichever layer chose it (:attr:`Selection.prompt_version`).
+
 A release decision does not re-hash anything: it *overrides* arms. A rollback
 maps the rolled-back arm (every treatment when the decision names none) to
 the control; a promote maps every arm to the promoted one. A unit therefore
@@ -250,6 +260,25 @@ class Selection:
             if r.upstream is not None:
                 return r
         return self.routes[0] if self.routes else None
+
+    @property
+    def prompt_version(self) -> str | None:
+        """The prompt version the request is served with: the first layer's that sets one."""
+        for r in self.routes:
+            if r.prompt_version is not None:
+                return r.prompt_version
+        return None
+
+    def tags(self) -> list[dict[str, str]]:
+        """One ``{experiment, variant, layer[, prompt_version]}`` per route (the
+        inference event's ``experiments`` field)."""
+        out = []
+        for r in self.routes:
+            tag = {"experiment": r.experiment, "variant": r.served, "layer": r.layer}
+            if r.prompt_version is not None:
+                tag["prompt_version"] = r.prompt_version
+            out.append(tag)
+        return out
 
 
 _NONE: Final = Selection(())

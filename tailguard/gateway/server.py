@@ -46,6 +46,7 @@ from tailguard import catalogue as cat
 from tailguard.gateway.config import GatewayConfig
 from tailguard.gateway.meter import Measurement, Meter
 from tailguard.gateway.publisher import EventPublisher
+from tailguard.gateway.ratings import rating_payload, response_text, sampled, user_messages
 from tailguard.gateway.releases import DecisionStore, ReleaseFollower
 from tailguard.gateway.routing import Override, Router, Selection
 
@@ -98,11 +99,18 @@ def build_event(
     trace_id: str | None,
     instance: str,
     error_type: str | None,
+    event_id: str | None = None,
 ) -> dict[str, Any]:
-    """The ``tailguard.inference.v1`` event of one request (SPEC §1)."""
+    """The ``tailguard.inference.v1`` event of one request (SPEC §1).
+
+    A request in experiments of several layers: ``experiment``/``variant`` name
+    the primary route (:attr:`Selection.primary`), ``experiments`` lists every
+    layer's ``{experiment, variant, layer, prompt_version}`` (only when there is
+    more than one; consumers that know one experiment ignore it), and
+    ``prompt_version`` is the version the request was served with."""
     event: dict[str, Any] = {
         "schema": "tailguard.inference.v1",
-        "event_id": uuid.uuid4().hex,
+        "event_id": event_id or uuid.uuid4().hex,
         "ts_ms": ts_ms,
         "service": service,
         "model": model,
@@ -125,9 +133,12 @@ def build_event(
     if route is not None:
         event["experiment"] = route.experiment
         event["variant"] = route.served
-        if route.prompt_version is not None:
-            event["prompt_version"] = route.prompt_version
+        version = selection.prompt_version
+        if version is not None:
+            event["prompt_version"] = version
         event["unit_id"] = route.unit
+        if len(selection.routes) > 1:  # one experiment per layer; consumers may ignore it
+            event["experiments"] = selection.tags()
     elif unit:
         event["unit_id"] = unit
     if tenant:
@@ -158,6 +169,30 @@ def _trace(headers: Mapping[str, str]) -> tuple[str, str | None]:
     return tid, f"00-{tid}-{uuid.uuid4().hex[:16]}-01"
 
 
+class Rating:
+    """A request sampled for blind rating: its body and the response bytes read so far."""
+
+    __slots__ = ("body", "raw", "streaming")
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.raw = bytearray()
+        self.streaming = False
+
+    def feed(self, data: bytes, *, streaming: bool) -> None:
+        self.streaming = streaming
+        if len(self.raw) < 4 * 1024 * 1024:
+            self.raw += data
+
+    def payload(self, event: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``tailguard.rating.v1`` record (no arm: :mod:`tailguard.gateway.ratings`)."""
+        return rating_payload(
+            event,
+            messages=user_messages(self.body),
+            response=response_text(bytes(self.raw), self.streaming),
+        )
+
+
 class _Watch:
     """When a request last heard from its upstream (read by the idle watchdog)."""
 
@@ -172,7 +207,13 @@ class _Watch:
 class Gateway:
     """One gateway process: the aiohttp app, the publisher and the release follower."""
 
-    def __init__(self, config: GatewayConfig, *, publisher: EventPublisher | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        publisher: EventPublisher | None = None,
+        ratings: EventPublisher | None = None,
+    ) -> None:
         self.config = config
         prefix = config.topic_prefix
         self.publisher = publisher or EventPublisher(
@@ -182,6 +223,17 @@ class Gateway:
             batch_events=config.batch_events,
             linger_ms=config.linger_ms,
         )
+        #: Blind rating hand-off (tailguard.ratings): a sample of the finished requests.
+        self.ratings: EventPublisher | None = ratings
+        if ratings is None and config.rating_rate > 0.0:
+            self.ratings = EventPublisher(
+                config.broker,
+                prefix + cat.RATINGS,
+                key=lambda e: str(e["request_event_id"]),
+                buffer_events=config.buffer_events,
+                batch_events=config.batch_events,
+                linger_ms=config.linger_ms,
+            )
         self.store = DecisionStore(config.state_file)
         overrides = self.store.load()
         self.router: Router = config.routing.router.with_overrides(overrides)
@@ -235,6 +287,8 @@ class Gateway:
                 connector=connector, timeout=timeout, auto_decompress=False
             )
         self.publisher.start()
+        if self.ratings is not None:
+            self.ratings.start()
         if self.follower is not None:
             self.follower.start()
         self._watchdog = asyncio.create_task(self._watch_idle())
@@ -248,6 +302,8 @@ class Gateway:
         if self.follower is not None:
             await loop.run_in_executor(None, self.follower.close)
         await loop.run_in_executor(None, self.publisher.close)
+        if self.ratings is not None:
+            await loop.run_in_executor(None, self.ratings.close)
 
     async def _watch_idle(self) -> None:
         """Cancel requests whose upstream sent nothing for ``upstream_read_timeout_s``."""
@@ -314,9 +370,11 @@ class Gateway:
         if route is not None:
             headers["x-tailguard-experiment"] = route.experiment
             headers["x-tailguard-arm"] = route.served
-            if route.prompt_version is not None:
-                headers["x-tailguard-prompt-version"] = route.prompt_version
+            if selection.prompt_version is not None:
+                headers["x-tailguard-prompt-version"] = selection.prompt_version
         meter = Meter(t0, info.stream)
+        event_id = uuid.uuid4().hex
+        rating = Rating(body) if sampled(event_id, cfg.rating_rate) else None
         task = asyncio.current_task()
         assert task is not None
         watch = _Watch(t0, task)
@@ -343,10 +401,14 @@ class Gateway:
                         watch.last = t
                         await out.write(data)
                         meter.feed(data, t)
+                        if rating is not None:
+                            rating.feed(data, streaming=True)
                     await out.write_eof()
                 else:
                     data = await resp.read()
                     meter.feed(data, time.perf_counter())
+                    if rating is not None:
+                        rating.feed(data, streaming=False)
                     out = web.Response(status=resp.status, body=data, headers=rheaders)
             status, error_type = self._status(http_status)
         except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
@@ -360,7 +422,8 @@ class Gateway:
                 self._watches.discard(watch)
                 status, error_type = "cancelled", "client_disconnected"
                 self._record(ts_ms, model, status, error_type, meter, selection, headers_in,
-                             unit, session, trace_id, upstream, http_status)  # fmt: skip
+                             unit, session, trace_id, upstream, http_status, event_id,
+                             None)  # fmt: skip
                 raise
             task.uncancel()  # our watchdog's cancel: the upstream went quiet
             status, error_type = "timeout", "upstream_timeout"
@@ -379,7 +442,7 @@ class Gateway:
             out = self._fail(502, f"upstream {upstream} unreachable: {exc}")
         self._watches.discard(watch)
         self._record(ts_ms, model, status, error_type, meter, selection, headers_in, unit,
-                     session, trace_id, upstream, http_status)  # fmt: skip
+                     session, trace_id, upstream, http_status, event_id, rating)  # fmt: skip
         assert out is not None
         return out
 
@@ -410,6 +473,8 @@ class Gateway:
         trace_id: str,
         upstream: str,
         http_status: int,
+        event_id: str | None = None,
+        rating: "Rating | None" = None,
     ) -> None:
         m = meter.finish(time.perf_counter())
         if status == "ok" and m.stream_error is not None:
@@ -428,9 +493,12 @@ class Gateway:
             trace_id=trace_id,
             instance=upstream,
             error_type=error_type,
+            event_id=event_id,
         )
         self.requests[(upstream, status, str(http_status))] += 1
         self.publisher.submit(event)
+        if rating is not None and self.ratings is not None and status == "ok":
+            self.ratings.submit(rating.payload(event))
 
     async def _plain(self, request: web.Request) -> web.StreamResponse:
         """Anything else: proxied to the primary upstream, not measured."""

@@ -1,0 +1,137 @@
+"""The capacity state restores to bytes and back: a restored deployment decides as before."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import pytest
+from tailguard.streams.breaker import BreakerPolicy, ExpertBreakers
+from tailguard.streams.capacity import LoadWindow, ScalePolicy, WarmupTracker, decide
+from tailguard.streams.capacity_state import (
+    CoreState,
+    decode_core,
+    decode_experts,
+    decode_rag,
+    encode_core,
+    encode_experts,
+    encode_rag,
+)
+from tailguard.streams.errors import CorruptStateError
+from tailguard.streams.knee import KneeConfig, KneeTracker
+from tailguard.streams.rag import RagConfig, RagThreshold
+
+from tailguard.simulator import capacity as cap
+
+KNEE_CFG = KneeConfig()
+
+
+@dataclass
+class Replay:
+    """The capacity agent's per-deployment loop without Kafka (what ``absorb`` does)."""
+
+    core: CoreState = field(
+        default_factory=lambda: CoreState(
+            LoadWindow(), KneeTracker(KNEE_CFG), warmup=WarmupTracker(20)
+        )
+    )
+    experts: ExpertBreakers = field(default_factory=ExpertBreakers)
+    rag: RagThreshold = field(default_factory=RagThreshold)
+    out: list[tuple[Any, ...]] = field(default_factory=list)
+
+    def feed(self, e: dict[str, Any]) -> None:
+        core = self.core
+        report = core.warmup.add(e["instance"], bool(e.get("warmup")), e["ttft_ms"])
+        if report is not None:
+            self.out.append(("warmup", report.evidence()["after_ttft_p50_ms"]))
+        ok = e["status"] == "ok"
+        for t in self.experts.observe(e.get("expert_ids", []), ok, e["e2e_ms"], e["ts_ms"]):
+            self.out.append(("breaker", t.expert, t.before, t.after, t.ts_ms))
+        if e.get("rag_top1_similarity") is not None:
+            change = self.rag.add(e["rag_top1_similarity"])
+            if change is not None:
+                self.out.append(("rag", change["threshold"]))
+        if e.get("warmup"):
+            return
+        for closed in core.load.add(e["ts_ms"], e["e2e_ms"], e["output_tokens"]):
+            knee = core.knee.add(closed.sample)
+            if knee is not None:
+                self.out.append(("knee", knee.concurrency))
+            d = decide(
+                ScalePolicy(),
+                core.scale,
+                ts_ms=closed.end_ms,
+                concurrency=closed.sample.concurrency,
+                knee=core.knee.published,
+                util_pct=20.0,
+                mem_fraction=0.5,
+            )
+            self.out.append(("scale", closed.end_ms, d.decision, d.reason))
+
+    def restored(self) -> "Replay":
+        """A new replay from the bytes of this one (what a restarted worker reads)."""
+        core = decode_core(
+            encode_core(self.core),
+            interval_ms=self.core.load.interval_ms,
+            grace_ms=self.core.load.grace_ms,
+            knee=KNEE_CFG,
+            warmup_after=20,
+        )
+        experts = decode_experts(encode_experts(self.experts), BreakerPolicy())
+        rag = decode_rag(encode_rag(self.rag), RagConfig())
+        return Replay(core, experts, rag, list(self.out))
+
+
+def scenario_events() -> list[dict[str, Any]]:
+    events = [e for evs in cap.capacity_scenarios(0).values() for e in evs]
+    return sorted(events, key=lambda e: e["ts_ms"])
+
+
+@pytest.mark.parametrize("cuts", [(150, 900), (1_000, 2_400, 4_100), (3_000,), (5_200, 6_000)])
+def test_a_state_restored_at_any_point_decides_like_the_uninterrupted_one(
+    cuts: tuple[int, ...],
+) -> None:
+    events = scenario_events()
+    whole = Replay()
+    for e in events:
+        whole.feed(e)
+    # Sanity: the run has what the restart could lose — a knee, an episode, breaker
+    # moves and thresholds.
+    kinds = {o[0] for o in whole.out}
+    assert {"knee", "scale", "breaker", "rag", "warmup"} <= kinds
+    cut = Replay()
+    for i, e in enumerate(events):
+        if i in cuts:
+            cut = cut.restored()
+        cut.feed(e)
+    assert cut.out == whole.out
+
+
+def test_the_bytes_round_trip_keeps_every_field() -> None:
+    r = Replay()
+    for e in scenario_events()[:3_000]:
+        r.feed(e)
+    back = r.restored()
+    assert encode_core(back.core) == encode_core(r.core)
+    assert encode_experts(back.experts) == encode_experts(r.experts)
+    assert encode_rag(back.rag) == encode_rag(r.rag)
+    assert back.core.scale == r.core.scale and back.core.knee.published == r.core.knee.published
+    assert {e: b.state for e, b in back.experts.breakers.items()} == {
+        e: b.state for e, b in r.experts.breakers.items()
+    }
+    assert all(
+        (b.errors, b.slow) == (r.experts.breakers[e].errors, r.experts.breakers[e].slow)
+        for e, b in back.experts.breakers.items()
+    )
+
+
+@pytest.mark.parametrize(
+    ("decode", "data"),
+    [
+        (lambda d: decode_rag(d, RagConfig()), b"\x00garbage"),
+        (lambda d: decode_experts(d, BreakerPolicy()), msgspec.msgpack.encode([99, [], []])),
+        (lambda d: decode_rag(d, RagConfig()), msgspec.msgpack.encode([2, [0.5], None, 0, 0])),
+    ],
+)
+def test_bytes_that_do_not_restore_are_refused_with_a_reason(decode: Any, data: bytes) -> None:
+    with pytest.raises(CorruptStateError, match="capacity"):
+        decode(data)

@@ -30,6 +30,7 @@ __all__ = [
     "PromptTally",
     "add_stage",
     "event_hash",
+    "prompt_rows",
     "stage_order",
     "top_candidates",
 ]
@@ -90,29 +91,50 @@ class PromptTally:
     exemplars: list[tuple[float, str]] = field(default_factory=list)
 
 
-def _tally_prompts(bucket: "Bucket", cols: Columns, rows: np.ndarray, bad: np.ndarray) -> None:
-    """Count the requests ``rows`` (``bad``: mask over them) per prompt version."""
+def prompt_rows(
+    cols: Columns, rows: np.ndarray, groups: np.ndarray, bad: np.ndarray
+) -> dict[int, list[tuple[str, int, int, list[tuple[float, str]]]]]:
+    """Per group (a bucket): ``(prompt version, requests, bad, exemplar candidates)``.
+
+    ``rows`` are the (non-warm-up) requests, ``groups`` their group and ``bad``
+    a mask over them. Versions come in name order, so adding them to a bucket
+    does not depend on the input order (see :data:`MAX_PROMPTS`).
+    """
     prompt = cols.prompt[rows]
     named = prompt >= 0
     if not named.any():
-        return
+        return {}
     size = len(cols.prompt_names)
-    n = np.bincount(prompt[named], minlength=size)
-    n_bad = np.bincount(prompt[named & bad], minlength=size)
+    key = groups.astype(np.int64) * size + prompt
+    keys, inverse = np.unique(key[named], return_inverse=True)
+    n = np.bincount(inverse, minlength=keys.size)
+    n_bad = np.bincount(inverse[bad[named]], minlength=keys.size)
     found: dict[int, list[tuple[float, str]]] = {}
     traced = named & bad & cols.has_trace[rows]
     if traced.any():
-        t_rows, t_prompt = rows[traced], prompt[traced]
+        t_key, t_rows = key[traced], rows[traced]
         t_e2e = cols.e2e[t_rows]
-        keep = top_candidates(t_prompt, t_e2e, PROMPT_EXEMPLARS)
+        keep = top_candidates(t_key, t_e2e, PROMPT_EXEMPLARS)
         traces = cols.traces
-        for p, e, r in zip(
-            t_prompt[keep].tolist(), t_e2e[keep].tolist(), t_rows[keep].tolist(), strict=True
+        for k, e, r in zip(
+            t_key[keep].tolist(), t_e2e[keep].tolist(), t_rows[keep].tolist(), strict=True
         ):
-            found.setdefault(p, []).append((e, traces[r]))
+            found.setdefault(k, []).append((e, traces[r]))
     names = cols.prompt_names
-    for p in sorted(np.flatnonzero(n).tolist(), key=names.__getitem__):
-        bucket.add_prompt(names[p], int(n[p]), int(n_bad[p]), found.get(p, []))
+    out: dict[int, list[tuple[str, int, int, list[tuple[float, str]]]]] = {}
+    for k, count, count_bad in zip(keys.tolist(), n.tolist(), n_bad.tolist(), strict=True):
+        g, p = divmod(k, size)
+        out.setdefault(g, []).append((names[p], count, count_bad, found.get(k, [])))
+    for versions in out.values():
+        versions.sort(key=lambda row: row[0])
+    return out
+
+
+def _tally_prompts(bucket: "Bucket", cols: Columns, rows: np.ndarray, bad: np.ndarray) -> None:
+    """Count the requests ``rows`` (``bad``: mask over them) per prompt version."""
+    groups = np.zeros(rows.size, dtype=np.int64)
+    for name, n, n_bad, found in prompt_rows(cols, rows, groups, bad).get(0, ()):
+        bucket.add_prompt(name, n, n_bad, found)
 
 
 def add_stage(bucket: "Bucket", name: str, values: np.ndarray, max_centroids: int) -> None:

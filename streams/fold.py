@@ -21,11 +21,10 @@ import numpy as np
 from tailguard.streams.attribution import FACTORS, STAGE_PREFIX
 from tailguard.streams.bucket import (
     EXEMPLARS,
-    PROMPT_EXEMPLARS,
     Bucket,
     add_stage,
+    prompt_rows,
     stage_order,
-    top_candidates,
 )
 from tailguard.streams.columns import ERROR_CODES, Columns
 from tailguard.streams.digest import Sketch
@@ -251,46 +250,6 @@ def fold_many(
     return results
 
 
-def _prompt_rows(
-    cols: Columns, src: np.ndarray, ab: np.ndarray, bad: np.ndarray
-) -> dict[int, list[tuple[str, int, int, list[tuple[float, str]]]]]:
-    """Per bucket: ``(prompt version, requests, bad, exemplar candidates)``, in name order.
-
-    Same counts and candidates as :meth:`Bucket.absorb` (``_tally_prompts``),
-    batched over buckets; ``bad`` already excludes warm-up requests.
-    """
-    warm = cols.warmup[src]
-    prompt = cols.prompt[src]
-    named = ~warm & (prompt >= 0)
-    if not named.any():
-        return {}
-    size = len(cols.prompt_names)
-    key = ab[named].astype(np.int64) * size + prompt[named]
-    keys, inverse = np.unique(key, return_inverse=True)
-    n = np.bincount(inverse, minlength=keys.size)
-    n_bad = np.bincount(inverse[bad[named]], minlength=keys.size)
-    found: dict[int, list[tuple[float, str]]] = {}
-    traced = named & bad & cols.has_trace[src]
-    if traced.any():
-        t_key = ab[traced].astype(np.int64) * size + prompt[traced]
-        t_rows = src[traced]
-        t_e2e = cols.e2e[t_rows]
-        keep = top_candidates(t_key, t_e2e, PROMPT_EXEMPLARS)
-        traces = cols.traces
-        for k, e, r in zip(
-            t_key[keep].tolist(), t_e2e[keep].tolist(), t_rows[keep].tolist(), strict=True
-        ):
-            found.setdefault(k, []).append((e, traces[r]))
-    names = cols.prompt_names
-    out: dict[int, list[tuple[str, int, int, list[tuple[float, str]]]]] = {}
-    for k, count, count_bad in zip(keys.tolist(), n.tolist(), n_bad.tolist(), strict=True):
-        b, p = divmod(k, size)
-        out.setdefault(b, []).append((names[p], count, count_bad, found.get(k, [])))
-    for rows in out.values():
-        rows.sort(key=lambda row: row[0])
-    return out
-
-
 def _absorb_all(
     states: Sequence[SeriesWindows],
     buckets: list[Bucket],
@@ -419,7 +378,7 @@ def _absorb_all(
         ):
             ex.setdefault(b, []).append((e, traces[i]))
 
-    prompts = _prompt_rows(cols, src, ab, live & (err | bad)) if cols.prompt_names else {}
+    prompts = prompt_rows(cols, src[live], ab[live], (err | bad)[live]) if cols.prompt_names else {}
 
     for b, bucket in enumerate(buckets):
         row = table[b]

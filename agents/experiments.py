@@ -235,7 +235,7 @@ def route_requests(
     message)`` per experiment, each message under ``max_bytes`` where possible."""
     out = []
     for exp, (evs, poss) in _by_experiment(events, positions).items():
-        costs = [120 + 8 * len(ev.itl_ms) for ev in evs]
+        costs = [160 + 8 * len(ev.itl_ms) for ev in evs]  # 160: with a 32-hex trace id
         for lo, hi in _cuts(poss, costs, max_bytes):
             cols = ExperimentRequests.from_events(evs[lo:hi], poss[lo:hi])
             out.append(
@@ -286,14 +286,21 @@ def _hid(text: str) -> str:
 
 
 def release_payload(
-    d: Decision, defn: ExperimentDef, *, with_p_values: bool = True
+    d: Decision,
+    defn: ExperimentDef,
+    *,
+    with_p_values: bool = True,
+    group_of: Callable[[str], str | None] | None = None,
 ) -> dict[str, Any]:
     """The ``tailguard.release.v1`` event of one decision (SPEC §1).
 
     ``ts_ms`` is the decision's event time (the evaluation boundary), so a
     replay publishes identical bytes. ``evidence.metrics`` has, per guardrail,
     both arms' values with their confidence sequences and sample sizes, the
-    difference, the effect's interval, the anytime-valid p-value and ``n``.
+    difference, the effect's interval, the anytime-valid p-value and ``n``;
+    ``evidence.prompts`` / ``evidence.prompt_groups`` the prompt versions and
+    groups (``group_of``: the prompt registry's) holding most of each arm's bad
+    requests, with exemplar trace ids.
     """
     ev = d.evaluation
     return {
@@ -308,7 +315,11 @@ def release_payload(
         "control": defn.control,
         "reasons": list(d.reasons),
         "reason_codes": list(d.codes),
-        "evidence": evidence(defn, ev, with_p_values=with_p_values) if ev is not None else {},
+        "evidence": (
+            evidence(defn, ev, with_p_values=with_p_values, group_of=group_of)
+            if ev is not None
+            else {}
+        ),
         "weights": {k: round(v, 6) for k, v in d.weights.items()},
         "planned_weights": {k: round(v, 6) for k, v in defn.weights.items()},
         "actor": d.actor,
@@ -598,7 +609,8 @@ def register_experiments(
     """Declare the experiment topics and tables and attach the agents.
 
     ``stratum_of``: the hallucination guardrail's stratum of a prompt version
-    (e.g. its prompt group); default: the version itself."""
+    (e.g. its prompt group); default: the version itself. The release records'
+    prompt evidence names the same groups."""
     definitions = _load_definitions(getattr(settings, "experiments_files", ()) or ())
     estats = ExperimentStats()
     internal = app.topic(
@@ -748,7 +760,7 @@ def register_experiments(
     def decision_records(
         d: Decision, defn: ExperimentDef, command_id: str | None = None
     ) -> list[tuple[str, bytes, dict[str, Any]]]:
-        payload = release_payload(d, defn)
+        payload = release_payload(d, defn, group_of=stratum_of)
         note = audit_payload(d, payload["weights"], worker=settings.source)
         if command_id is not None:
             note["command_id"] = command_id

@@ -10,6 +10,16 @@ arms' ``value`` / ``interval`` / ``n``, the ``difference``, the effect's
 ``p_value_fixed_horizon`` of "no difference" for reference, and ``status``;
 plus ``srm``, ``pollution``, ``misaligned`` and per-arm ``arms`` summaries.
 Intervals hold ``null`` for an unbounded side.
+
+Prompt evidence: ``bad_requests`` (``rule``, ``ttft_ms_limit``, ``counts`` per
+arm: a request is bad when it failed — error, timeout, rejected — or was ok
+with a TTFT over the experiment's absolute TTFT guardrail, else over 800 ms);
+``prompts`` and ``prompt_groups``, per arm, the prompt versions / groups
+holding most of that arm's bad requests, worst first, each with ``requests``,
+``bad``, ``bad_share``, ``bad_rate``, ``lift`` and ``exemplars`` (trace ids of
+its slowest bad requests); and, when a ``hallucination_rate`` guardrail is
+breached, ``hallucinations``: per arm the rating strata with hallucination
+counts.
 """
 
 from typing import Any, Literal

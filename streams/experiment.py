@@ -56,6 +56,7 @@ its share of alpha split over those looks — see :func:`_hallucination`.
 """
 
 import hashlib
+import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -65,6 +66,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 import numpy as np
 from tailguard.streams.attribution import FACTORS, factor_flags
+from tailguard.streams.bucket import OTHER_PROMPT, PromptTally
 from tailguard.streams.columns import event_hashes
 from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.experiment_def import ExperimentDef, Guardrail, metric_kind
@@ -78,6 +80,7 @@ from tailguard.streams.permutation import (
     seed_of,
     stratified_permutation_test,
 )
+from tailguard.streams.prompt_evidence import rank_prompts
 from tailguard.streams.sequential import (
     SrmResult,
     bernoulli_cs,
@@ -86,6 +89,7 @@ from tailguard.streams.sequential import (
     quantile_ranks,
     srm_test,
 )
+from tailguard.streams.sli import Thresholds
 from tailguard.streams.special import chi2_sf
 
 __all__ = [
@@ -108,6 +112,7 @@ __all__ = [
     "fixed_horizon_p",
     "hash_strings",
     "look_index",
+    "prompt_evidence",
     "rating_strata",
 ]
 
@@ -174,6 +179,8 @@ class _RequestsWire(msgspec.Struct, array_like=True):
     prompt: bytes
     part: bytes
     offset: bytes
+    # added later (records without it decode with every trace id "")
+    traces: list[str] = []
 
 
 @dataclass(slots=True)
@@ -183,7 +190,8 @@ class ExperimentRequests:
     ``arm`` and ``prompt`` index ``arm_names`` / ``prompt_names`` (−1: none);
     ``unit`` / ``session`` are 64-bit hashes (0: none); ``query`` is −1 when
     the request reported no prefix-cache figures; ``part`` / ``offset`` are the
-    input position (−1: unknown, no replay protection).
+    input position (−1: unknown, no replay protection); ``traces`` the
+    request's ``trace_id`` (``""``: none), for the prompt evidence's exemplars.
 
     Gaps: ``gap`` is one gap per request (NaN without gaps), chosen by the event
     hash — gaps within one request share its decode speed, so they are not
@@ -215,6 +223,11 @@ class ExperimentRequests:
     prompt: np.ndarray
     part: np.ndarray
     offset: np.ndarray
+    traces: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.traces and self.ts.size:
+            self.traces = [""] * int(self.ts.size)
 
     def __len__(self) -> int:
         return int(self.ts.size)
@@ -277,6 +290,7 @@ class ExperimentRequests:
             prompt=_index(prompt_names, [ev.prompt_version for ev in events]),
             part=part,
             offset=offset,
+            traces=[getattr(ev, "trace_id", None) or "" for ev in events],
         )
 
     def take(self, index: np.ndarray) -> "ExperimentRequests":
@@ -311,6 +325,7 @@ class ExperimentRequests:
             prompt=self.prompt[index],
             part=self.part[index],
             offset=self.offset[index],
+            traces=[self.traces[i] for i in index.tolist()],
         )
 
     def sampled_gap(self) -> np.ndarray:
@@ -339,6 +354,7 @@ class ExperimentRequests:
             prompt=self.prompt.astype("<i4").tobytes(),
             part=self.part.astype("<i4").tobytes(),
             offset=self.offset.astype("<i8").tobytes(),
+            traces=self.traces if any(self.traces) else [],
         )
 
     @classmethod
@@ -365,11 +381,16 @@ class ExperimentRequests:
             prompt=np.frombuffer(w.prompt, "<i4"),
             part=np.frombuffer(w.part, "<i4").astype(np.int64),
             offset=np.frombuffer(w.offset, "<i8"),
+            traces=list(w.traces),
         )
         n = r.ts.size
         cols = (r.arm, r.status, r.ttft, r.e2e, r.itl_len, r.ids, r.unit, r.session)
         more = (r.factors, r.hit, r.query, r.prompt, r.part, r.offset, r.itl_weight, r.gap)
-        if any(c.size != n for c in (*cols, *more)) or int(r.itl_len.sum()) != r.itl.size:
+        if (
+            any(c.size != n for c in (*cols, *more))
+            or int(r.itl_len.sum()) != r.itl.size
+            or len(r.traces) != n
+        ):
             msg = "experiment request columns disagree in length"
             raise ValueError(msg)
         if n and (
@@ -514,6 +535,10 @@ MAX_RATING_STRATA = 64
 MAX_RATERS = 4096
 #: Stratum of feedback whose rated request the guard does not know.
 UNKNOWN_STRATUM = "unknown"
+#: Slowest bad requests (with a trace id) kept per arm and prompt version.
+PROMPT_EXEMPLARS = 3
+#: TTFT (ms) over which an ok request is bad when the caller names no limit (SPEC §2).
+DEFAULT_BAD_TTFT_MS = Thresholds().ttft_ms
 
 
 class _ArmWire(msgspec.Struct, array_like=True):
@@ -524,6 +549,9 @@ class _ArmWire(msgspec.Struct, array_like=True):
     # human feedback (added later; older state decodes without it)
     ratings: dict[str, list[int]] = {}
     raters: list[int] = []
+    # prompt evidence (added later; older state decodes without it)
+    bad: int = 0
+    prompt_tallies: dict[str, tuple[int, int, list[tuple[float, str]]]] = {}
 
 
 class ArmStats:
@@ -537,9 +565,20 @@ class ArmStats:
     ``[rated, hallucination, partial]``; ``raters`` holds the distinct raters'
     hashes (at most :data:`MAX_RATERS`). Hallucination rate = hallucination /
     rated (``partial`` counts as not a hallucination).
+
+    Prompt evidence: ``bad`` counts the arm's bad requests (failed, or ok with a
+    TTFT over the experiment's limit, see :attr:`ExperimentDef.bad_ttft_ms`) and
+    ``prompt_tallies`` maps a prompt version to its requests, bad requests and
+    the :data:`PROMPT_EXEMPLARS` slowest bad ones that had a trace,
+    ``(e2e_ms, trace_id)`` largest first. At most :data:`MAX_PROMPT_VERSIONS`
+    versions (those with the most bad requests; the rest summed as ``~other``);
+    merging sums the counts and keeps the largest exemplar tuples, so without
+    trimming it does not depend on the order of the parts.
     """
 
-    __slots__ = (*_COUNTERS, *_HISTS, "factors", "prompts", "ratings", "raters")
+    __slots__ = (
+        *_COUNTERS, *_HISTS, "factors", "prompts", "ratings", "raters", "bad", "prompt_tallies",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         for name in _COUNTERS:
@@ -550,6 +589,8 @@ class ArmStats:
         self.prompts: dict[str, int] = {}
         self.ratings: dict[str, list[int]] = {}
         self.raters: set[int] = set()
+        self.bad = 0
+        self.prompt_tallies: dict[str, PromptTally] = {}
 
     # typed views of the slots (mypy)
     requests: int
@@ -567,12 +608,18 @@ class ArmStats:
     itl: LogHist
     itl_all: LogHist
 
-    def add_requests(self, r: ExperimentRequests, new_units: int) -> None:
-        """Fold every request of ``r`` (all of one arm) in."""
+    def add_requests(
+        self, r: ExperimentRequests, new_units: int, bad_ttft_ms: float = DEFAULT_BAD_TTFT_MS
+    ) -> None:
+        """Fold every request of ``r`` (all of one arm) in; an ok request with a TTFT
+        over ``bad_ttft_ms`` counts as bad (as does every failed one)."""
         ok = r.status == 0
+        failed = (r.status >= 1) & (r.status <= 3)
+        bad = failed | (ok & (r.ttft > bad_ttft_ms))  # NaN TTFT compares False
         self.requests += len(r)
+        self.bad += int(bad.sum())
         self.ok += int(ok.sum())
-        self.failed += int(((r.status >= 1) & (r.status <= 3)).sum())
+        self.failed += int(failed.sum())
         self.cancelled += int((r.status == 4).sum())
         self.units += new_units
         ttft = r.ttft[ok]
@@ -595,6 +642,48 @@ class ArmStats:
                 name = r.prompt_names[i]
                 self.prompts[name] = self.prompts.get(name, 0) + c
             self._trim_prompts()
+            self._tally_prompts(r, bad)
+
+    def _tally_prompts(self, r: ExperimentRequests, bad: np.ndarray) -> None:
+        named = r.prompt >= 0
+        size = len(r.prompt_names)
+        n = np.bincount(r.prompt[named], minlength=size)
+        n_bad = np.bincount(r.prompt[named & bad], minlength=size)
+        found: dict[int, list[tuple[float, str]]] = {}
+        for i in np.flatnonzero(named & bad).tolist():
+            trace = r.traces[i]
+            if trace:
+                e2e = float(r.e2e[i])
+                found.setdefault(int(r.prompt[i]), []).append((e2e if e2e == e2e else 0.0, trace))
+        for p in np.flatnonzero(n).tolist():
+            self._tally(r.prompt_names[p], int(n[p]), int(n_bad[p]), found.get(p, []))
+        self._trim_tallies()
+
+    def _tally(
+        self, name: str, requests: int, bad: int, exemplars: list[tuple[float, str]]
+    ) -> None:
+        cell = self.prompt_tallies.setdefault(name, PromptTally())
+        cell.requests += requests
+        cell.bad += bad
+        if exemplars:
+            cell.exemplars = heapq.nlargest(PROMPT_EXEMPLARS, cell.exemplars + exemplars)
+
+    def _trim_tallies(self) -> None:
+        tallies = self.prompt_tallies
+        if len(tallies) <= MAX_PROMPT_VERSIONS:
+            return
+        ranked = sorted(
+            (k for k in tallies if k != OTHER_PROMPT),
+            key=lambda k: (-tallies[k].bad, -tallies[k].requests, k),
+        )
+        keep = {k: tallies[k] for k in ranked[: MAX_PROMPT_VERSIONS - 1]}
+        rest = [t for k, t in tallies.items() if k not in keep]
+        keep[OTHER_PROMPT] = PromptTally(
+            sum(t.requests for t in rest),
+            sum(t.bad for t in rest),
+            heapq.nlargest(PROMPT_EXEMPLARS, [e for t in rest for e in t.exemplars]),
+        )
+        self.prompt_tallies = keep
 
     def add_rating(self, stratum: str, label: int, rater: int) -> None:
         """Fold one feedback label (:data:`FEEDBACK_LABELS` code) of a request in ``stratum``."""
@@ -643,6 +732,11 @@ class ArmStats:
             if len(self.raters) >= MAX_RATERS:
                 break
             self.raters.add(r)
+        self.bad += other.bad
+        for name in sorted(other.prompt_tallies):
+            t = other.prompt_tallies[name]
+            self._tally(name, t.requests, t.bad, t.exemplars)
+        self._trim_tallies()
 
     def to_wire(self) -> _ArmWire:
         return _ArmWire(
@@ -652,6 +746,10 @@ class ArmStats:
             prompts=dict(self.prompts),
             ratings={k: list(v) for k, v in self.ratings.items()},
             raters=sorted(self.raters),
+            bad=self.bad,
+            prompt_tallies={
+                k: (t.requests, t.bad, list(t.exemplars)) for k, t in self.prompt_tallies.items()
+            },
         )
 
     @classmethod
@@ -670,6 +768,11 @@ class ArmStats:
         out.prompts = dict(w.prompts)
         out.ratings = {k: ([int(x) for x in v] + [0, 0, 0])[:3] for k, v in w.ratings.items()}
         out.raters = {int(r) for r in w.raters}
+        out.bad = int(w.bad)
+        out.prompt_tallies = {
+            k: PromptTally(int(n), int(b), [(float(e), str(t)) for e, t in ex])
+            for k, (n, b, ex) in w.prompt_tallies.items()
+        }
         return out
 
     # -- figures ----------------------------------------------------------
@@ -949,7 +1052,7 @@ class ExperimentState:
         for key, a in pairs.T.tolist():
             sel = np.flatnonzero((keys == key) & (arms == a))
             self._bucket(int(key), names[int(a)]).add_requests(
-                sub.take(sel), int(new_unit[sel].sum())
+                sub.take(sel), int(new_unit[sel].sum()), defn.bad_ttft_ms
             )
         self.count("requests", len(sub))
         return len(sub)
@@ -1616,7 +1719,53 @@ def _interval(lo: float, hi: float) -> list[float | None]:
     return [_round(lo) if math.isfinite(lo) else None, _round(hi) if math.isfinite(hi) else None]
 
 
-def evidence(defn: ExperimentDef, ev: Evaluation, *, with_p_values: bool = True) -> dict[str, Any]:
+def prompt_evidence(
+    defn: ExperimentDef,
+    arms: dict[str, ArmStats],
+    group_of: Callable[[str], str | None] | None = None,
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
+    """``(prompts, prompt_groups)``: per arm, the prompt versions and groups that hold
+    most of its bad requests, worst first, each with exemplar trace ids
+    (:func:`~tailguard.streams.prompt_evidence.rank_prompts` over the arm's
+    ``prompt_tallies``; shares and lift are within the arm, so the treatment's rows
+    read against the control's). ``group_of``: a version's prompt group (None or
+    ``None`` returned: the version is its own group)."""
+    prompts: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for name in defn.arm_names:
+        s = arms.get(name) or ArmStats()
+        prompts[name], groups[name] = rank_prompts(
+            s.prompt_tallies, total_requests=s.requests, total_bad=s.bad, group_of=group_of
+        )
+    return prompts, groups
+
+
+def _hallucination_strata(s: ArmStats) -> list[dict[str, Any]]:
+    """The arm's rating strata with hallucinations, most first (at most 16)."""
+    total = s.hallucinations
+    cells = sorted(
+        ((k, c) for k, c in s.ratings.items() if c[1]), key=lambda kc: (-kc[1][1], -kc[1][0], kc[0])
+    )
+    return [
+        {
+            "stratum": k,
+            "rated": c[0],
+            "hallucination": c[1],
+            "partial": c[2],
+            "hallucination_rate": _round(c[1] / c[0]) if c[0] else None,
+            "hallucination_share": _round(c[1] / total) if total else 0.0,
+        }
+        for k, c in cells[:16]
+    ]
+
+
+def evidence(
+    defn: ExperimentDef,
+    ev: Evaluation,
+    *,
+    with_p_values: bool = True,
+    group_of: Callable[[str], str | None] | None = None,
+) -> dict[str, Any]:
     """The per-metric evidence of a decision (plain JSON values).
 
     Per guardrail and treatment: both arms' values with their own confidence
@@ -1624,6 +1773,12 @@ def evidence(defn: ExperimentDef, ev: Evaluation, *, with_p_values: bool = True)
     interval, the anytime-valid p-value of "the guardrail holds" (compare it
     with ``alpha``, the per-test level), the fixed-horizon p-value of "no
     difference" for reference, and the status.
+
+    Prompt evidence (issue 10 item 5): ``bad_requests`` (the rule and the count
+    per arm), ``prompts`` / ``prompt_groups`` per arm (:func:`prompt_evidence`,
+    ``group_of`` names the groups) and, when a ``hallucination_rate`` guardrail is
+    breached, ``hallucinations``: per arm the rating strata (prompt group or
+    version) with their hallucination-labelled ratings, most first.
     """
     metrics: dict[str, Any] = {}
     for r in ev.results:
@@ -1704,4 +1859,15 @@ def evidence(defn: ExperimentDef, ev: Evaluation, *, with_p_values: bool = True)
         }
         for name, s in ev.arms.items()
     }
+    out["bad_requests"] = {
+        "rule": "status error, timeout or rejected, or ok with ttft_ms over ttft_ms_limit",
+        "ttft_ms_limit": defn.bad_ttft_ms,
+        "counts": {name: s.bad for name, s in ev.arms.items()},
+    }
+    out["prompts"], out["prompt_groups"] = prompt_evidence(defn, ev.arms, group_of)
+    rails = ev.results
+    if any(r.guardrail.metric == "hallucination_rate" and r.status == "breached" for r in rails):
+        out["hallucinations"] = {
+            name: _hallucination_strata(ev.arms.get(name) or ArmStats()) for name in defn.arm_names
+        }
     return out

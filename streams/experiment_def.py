@@ -35,6 +35,12 @@ stratified permutation test at fixed information milestones, see
 ``max`` / ``min`` (the treatment's own level). A constraint whose direction
 does not fit the metric's "bad" direction (``min_ratio`` on a latency) is
 refused: a guardrail guards against getting worse.
+
+*Bad request* (the release decision's prompt evidence, :attr:`ExperimentDef.bad_ttft_ms`):
+an ``error`` / ``timeout`` / ``rejected`` request, or an ``ok`` one whose TTFT is
+over the experiment's absolute TTFT limit — the smallest ``max`` of a
+``ttft_pXX`` guardrail — or, without one, over the SPEC §2 TTFT SLO threshold
+(800 ms). Cancelled requests are never bad (the user left).
 """
 
 import math
@@ -44,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tailguard.streams.errors import ConfigError
+from tailguard.streams.sli import Thresholds
 
 __all__ = [
     "CONSTRAINTS",
@@ -290,6 +297,18 @@ class ExperimentDef:
         """Planned weights, normalised to sum 1."""
         total = sum(a.weight for a in self.arms)
         return {a.name: a.weight / total for a in self.arms}
+
+    @property
+    def bad_ttft_ms(self) -> float:
+        """TTFT over which an ``ok`` request counts as bad in the prompt evidence: the
+        smallest absolute limit (``max``) of a ``ttft_pXX`` guardrail, else the SPEC §2
+        TTFT threshold (800 ms)."""
+        limits = [
+            g.limit
+            for g in self.guardrails
+            if g.metric.startswith("ttft_") and g.kind == "level" and g.bound == "max"
+        ]
+        return min(limits) if limits else Thresholds().ttft_ms
 
     @property
     def test_alpha(self) -> float:

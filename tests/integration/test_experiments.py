@@ -212,6 +212,22 @@ def test_canary_rolls_back_once_aa_never_and_srm_holds(
     arms = rb["evidence"]["arms"]
     assert arms["treatment"]["cache_hit_rate"] < 0.3 < 0.9 < arms["control"]["cache_hit_rate"]
     assert arms["treatment"]["prompt_versions"] == {"v2": arms["treatment"]["requests"]}
+    # prompt evidence: v2 holds the treatment's bad requests, with their trace ids
+    top = rb["evidence"]["prompts"]["treatment"][0]
+    bad_v2 = {
+        ev["trace_id"]
+        for ev in canary + more
+        if ev["variant"] == "treatment"
+        and ev["prompt_version"] == "v2"
+        and (
+            ev["status"] in ("error", "timeout", "rejected")
+            or (ev["status"] == "ok" and (ev.get("ttft_ms") or 0.0) > 800.0)
+        )
+    }
+    assert top["prompt_version"] == "v2" and top["bad"] > 0 and top["bad_share"] == 1.0
+    assert len(top["exemplars"]) == 3 and set(top["exemplars"]) <= bad_v2
+    assert rb["evidence"]["prompt_groups"]["treatment"][0]["versions"] == ["v2"]
+    assert rb["evidence"]["bad_requests"]["counts"]["treatment"] == top["bad"]
     headers = dict(releases.headers[records.index(rb)])
     assert headers["ce_type"] == b"tailguard.release.v1"
     assert headers["ce_id"] == rb["event_id"].encode()

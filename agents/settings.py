@@ -11,6 +11,14 @@ from tailguard.catalogue import default_partitions, default_prefix
 __all__ = ["Settings"]
 
 _MIB = 1024 * 1024
+#: Integer settings read from the environment as they are (memory sizing, README
+#: "Performance and reliability").
+_INT_ENV = {
+    "ingest_batch": "TAILGUARD_INGEST_BATCH",
+    "rocksdb_cache_mib": "TAILGUARD_ROCKSDB_CACHE_MIB",
+    "rocksdb_write_buffer_mib": "TAILGUARD_ROCKSDB_WRITE_BUFFER_MIB",
+    "rocksdb_write_buffers": "TAILGUARD_ROCKSDB_WRITE_BUFFERS",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +51,11 @@ class Settings:
     checkpoint_interval_s: float = 5.0
     #: Period of the worker's one-line counters in its log.
     stats_interval_s: float = 30.0
+    #: RocksDB per store (one per table and partition): block cache, memtable
+    #: size and memtables kept in memory (RSS ≤ stores × buffer × buffers + caches).
     rocksdb_cache_mib: int = 16
-    rocksdb_write_buffer_mib: int = 8
+    rocksdb_write_buffer_mib: int = 4
+    rocksdb_write_buffers: int = 2
     web_port: int = 6066
     web_enabled: bool = False
     #: Address the web server (/metrics, /dashboard) listens on.
@@ -78,6 +89,13 @@ class Settings:
         if self.metrics_max_series < 0:
             msg = f"metrics_max_series must be ≥ 0, got {self.metrics_max_series}"
             raise SettingsError(msg)
+        if self.rocksdb_cache_mib < 1 or self.rocksdb_write_buffer_mib < 1:
+            msg = "rocksdb_cache_mib and rocksdb_write_buffer_mib must be ≥ 1"
+            raise SettingsError(msg)
+        if self.rocksdb_write_buffers < 2:
+            n = self.rocksdb_write_buffers
+            msg = f"rocksdb_write_buffers must be ≥ 2 (one filling, one flushing), got {n}"
+            raise SettingsError(msg)
         if self.ingest_batch < 1 or self.ingest_within_s <= 0:
             msg = "ingest_batch must be ≥ 1 and ingest_within_s > 0"
             raise SettingsError(msg)
@@ -104,6 +122,9 @@ class Settings:
             values["web_bind"] = env["TAILGUARD_WEB_BIND"]
         if env.get("TAILGUARD_METRICS_MAX_SERIES"):
             values["metrics_max_series"] = int(env["TAILGUARD_METRICS_MAX_SERIES"])
+        for name, var in _INT_ENV.items():
+            if env.get(var):
+                values[name] = int(env[var])
         values.update({k: v for k, v in overrides.items() if v is not None})
         if isinstance(values["data_dir"], str):
             values["data_dir"] = Path(values["data_dir"])
@@ -125,7 +146,7 @@ class Settings:
             "block_cache_size": self.rocksdb_cache_mib * _MIB,
             "block_cache_compressed_size": 0,
             "write_buffer_size": self.rocksdb_write_buffer_mib * _MIB,
-            "max_write_buffer_number": 2,
+            "max_write_buffer_number": self.rocksdb_write_buffers,
             "target_file_size_base": 16 * _MIB,
             "max_open_files": 256,
         }

@@ -39,6 +39,7 @@ from confluent_kafka.admin import AdminClient
 from tailguard.schemas import InferenceEvent
 
 from bench.common import machine, run, worker_counters, write_result
+from bench.memory import RssSampler, proc_memory, replay
 from tailguard.catalogue import catalogue
 from tailguard.kafka_admin import create_topics
 
@@ -165,6 +166,7 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
         "TAILGUARD_APP_ID": app_id,
         "TAILGUARD_PARTITIONS": str(PARTITIONS),
         "TAILGUARD_STATS_INTERVAL_S": "0.5",
+        "BENCH_PROBE_OUT": str(data / "probe.json"),
     }
     log_path = data / "worker.log"
     log = log_path.open("wb")
@@ -176,7 +178,8 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
             *wrap,
             sys.executable,
             "-m",
-            "tailguard.cli",
+            # tailguard.cli with a thread recording the worker's memory at its peak
+            "bench.memory",
             "worker",
             "--data-dir",
             str(data / "state"),
@@ -205,6 +208,7 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
     counted = 0
     deadline = time.monotonic() + 1200
     done_at = None
+    sampler = RssSampler(proc.pid).start()
     try:
         admin = AdminClient({"bootstrap.servers": BROKER})
         md = admin.list_topics(sli_topic, timeout=10).topics[sli_topic]
@@ -214,6 +218,7 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
                 raise SystemExit(f"worker exited with {proc.returncode}; see {log_path}")
             if ready_at is None and _ready(log_path):
                 ready_at = time.perf_counter()
+                sampler.mark_baseline()
             applied, late_total = worker_counters(log_path)
             if applied_at is None and applied + late_total >= main:
                 applied_at = time.perf_counter()
@@ -233,14 +238,17 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
                 break
         if done_at is None:
             raise SystemExit(f"worker did not account for all events in time ({counted}/{total})")
-        rss = 0.0
-        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                rss = int(line.split()[1]) / 1024
+        rss = proc_memory(proc.pid)["VmHWM"]
+        sampler.stop()
     finally:
         # py-spy writes its profile on SIGINT; the worker stops cleanly on either.
         proc.send_signal(signal.SIGINT if wrap else signal.SIGTERM)
-        proc.wait(60)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            print(f"worker did not stop within 60 s; killed (log: {log_path})", flush=True)
+            proc.kill()
+            proc.wait(10)
         c.close()
         log.close()
     t0 = ready_at or started
@@ -251,7 +259,45 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
         "peak_rss_mib": round(rss, 1),
         "series_seen": len(series),
         "late": late_total,
+        "rss_baseline": sampler.baseline or {},
+        "rss_peak": sampler.peak,
+        "rss_peak_at_s": round(sampler.peak_at_s - (t0 - started), 1),
+        "rss_timeline": sampler.timeline,
+        "probe": _read_json(data / "probe.json"),
     }
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        loaded: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return loaded
+
+
+def rss_breakdown(w: dict[str, Any], state: dict[str, Any]) -> dict[str, float]:
+    """The worker's peak RSS in parts (MiB); see :mod:`bench.memory` for how each is measured."""
+    probe = w["probe"]
+    peak = w["rss_peak"].get("VmRSS", w["peak_rss_mib"])
+    base = w["rss_baseline"].get("VmRSS", 0.0)
+    rocks = probe.get("rocksdb", {})
+    parts = {
+        "process_baseline": base,
+        "series_state": state["series_state_mib"],
+        "rocksdb_memtables": rocks.get("memtables_mib", 0.0),
+        "rocksdb_block_cache": rocks.get("block_cache_mib", 0.0)
+        + rocks.get("table_readers_mib", 0.0),
+        "stream_buffers": probe.get("stream_buffers", {}).get("value_mib", 0.0),
+        "malloc_free_retained": probe.get("malloc_free_mib", 0.0),
+    }
+    # Digests the snapshots add at the peak: merged closed windows and read views
+    # (fastdigest, native memory: counted × the replay's bytes per digest).
+    series = probe.get("series", {})
+    each = state["parts"]["digest_native_bytes_each"]
+    n = series.get("closed_cache_digests", 0) + series.get("digest_views", 0)
+    parts["snapshot_digests"] = n * each / 1024**2
+    parts["other"] = peak - sum(parts.values())
+    return {"peak": round(peak, 1), **{k: round(v, 1) for k, v in parts.items()}}
 
 
 def main() -> None:
@@ -271,6 +317,8 @@ def main() -> None:
     print(f"ceiling: {ceil_eps:,.0f} events/s", flush=True)
     w = run_worker(prefix, f"bench-{tag}", EVENTS)
     eps = EVENTS / w["seconds"]
+    print("replaying the series state in-process (bench.memory)", flush=True)
+    state = replay(EVENTS, SERIES, PARTITIONS)
     result = {
         "events": EVENTS,
         "series": SERIES,
@@ -287,6 +335,16 @@ def main() -> None:
         "late_events": w["late"],
         "peak_rss_mib": w["peak_rss_mib"],
         "worker_startup_s": round(w["startup_s"], 2),
+        "rss_breakdown_mib": rss_breakdown(w, state),
+        "memory_env": {
+            k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "TAILGUARD_ROCKSDB"))
+        },
+        "rss_at_peak_mib": w["rss_peak"],
+        "rss_peak_after_ready_s": w["rss_peak_at_s"],
+        "rss_timeline_s_mib": w["rss_timeline"],
+        "memory_probe_at_peak": w["probe"],
+        "series_state": state,
+        "bytes_per_series": state["bytes_per_series"],
         "event_time": f"{PER_MS * 1000} requests/s, then one closing request per series",
         "machine": machine("broker, benchmark and worker share the machine"),
         "command": "make bench",

@@ -554,6 +554,15 @@ class SeriesWindows:
             cached = self._closed_cache[key] = Bucket.combine(closed, mc)
         return Bucket.combine([cached, *live], mc) if live else Bucket.combine([cached], mc)
 
+    def release_window_cache(self) -> None:
+        """Forget the merged closed parts :meth:`window` keeps.
+
+        They pay off while one end is read several times (a closed minute's final
+        snapshots, then its SLO evaluation and breach evidence); once that is
+        done they are only memory — about a merged digest per window per series.
+        """
+        self._closed_cache.clear()
+
     def exemplars(self, window_ms: int, end_ms: int | None = None, k: int = 5) -> list[str]:
         """Trace ids of the ``k`` slowest requests (by E2E) of a window, slowest first."""
         candidates = [e for part in self._parts(window_ms, end_ms) for e in part.exemplars]

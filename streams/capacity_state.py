@@ -4,10 +4,11 @@ Three kinds of record per deployment (service|model), each a msgpack array
 with a version, stored by :mod:`tailguard.agents.capacity` in its RocksDB
 table (changelogged)::
 
-    core     load window (open intervals, watermark), knee history and the
-             published knee, scaling hysteresis (streaks, last action,
-             episode), warm-up tracker, GPUs seen, last published hold, and
-             the offset of the last applied input message
+    core     load window (open intervals, watermark), knee history, the
+             last evaluations' knee candidates and the published knee,
+             scaling hysteresis (streaks, last action, episode), warm-up
+             tracker, GPUs seen, last published hold, and the offset of the
+             last applied input message
     experts  every expert's breaker (state, last-100 window, probes, opened
              at) and the deployment's recent expert traffic
     rag      one index's similarity window, published threshold, refit
@@ -28,7 +29,7 @@ import msgspec
 from tailguard.streams.breaker import Breaker, BreakerPolicy, ExpertBreakers
 from tailguard.streams.capacity import LoadWindow, ScaleState, WarmupTracker, _Open
 from tailguard.streams.errors import CorruptStateError
-from tailguard.streams.knee import KneeConfig, KneeTracker, LoadSample, find_knee
+from tailguard.streams.knee import Knee, KneeConfig, KneeTracker, LoadSample, find_knee
 from tailguard.streams.rag import RagConfig, RagThreshold
 
 __all__ = [
@@ -59,6 +60,10 @@ class CoreState:
     offset: int = -1
 
 
+#: A confirmed-candidate knee: concurrency, P95, tokens/s, samples, bins, interval.
+_RecentKnee = tuple[float, float, float, int, int, float, float]
+
+
 class _CoreWire(msgspec.Struct, array_like=True):
     version: int
     open: list[tuple[int, list[float], int]]
@@ -77,6 +82,9 @@ class _CoreWire(msgspec.Struct, array_like=True):
     gpus: list[tuple[str, int]]
     last_hold: str | None
     offset: int
+    #: The knee tracker's last evaluations (added later: absent in older state,
+    #: which restores with none — the next evaluations refill them).
+    knee_recent: list[_RecentKnee | None] = []
 
 
 class _BreakerWire(msgspec.Struct, array_like=True):
@@ -120,6 +128,15 @@ def _decode(decoder: "msgspec.msgpack.Decoder[_W]", data: bytes, what: str) -> _
     return wire
 
 
+def _recent_wire(k: Knee) -> _RecentKnee:
+    if k.concurrency is None or k.p95_ms is None or k.tokens_per_s is None:
+        msg = "a recent knee candidate always has a concurrency, P95 and tokens/s"
+        raise ValueError(msg)
+    low = k.concurrency if k.low is None else k.low
+    high = k.concurrency if k.high is None else k.high
+    return (k.concurrency, k.p95_ms, k.tokens_per_s, k.samples, k.bins, low, high)
+
+
 def encode_core(core: CoreState) -> bytes:
     load, knee, scale, warm = core.load, core.knee, core.scale, core.warmup
     wire = _CoreWire(
@@ -140,6 +157,7 @@ def encode_core(core: CoreState) -> bytes:
         gpus=sorted(core.gpus),
         last_hold=core.last_hold,
         offset=core.offset,
+        knee_recent=[None if k is None else _recent_wire(k) for k in knee.recent],
     )
     return msgspec.msgpack.encode(wire)
 
@@ -162,7 +180,11 @@ def decode_core(
         late=w.late,
     )
     samples = deque(LoadSample(*s) for s in w.samples[-knee.history :])
-    tracker = KneeTracker(knee, samples, published=w.knee_published)
+    recent = deque(
+        None if k is None else Knee(k[0], k[1], k[2], k[3], k[4], "kneedle", low=k[5], high=k[6])
+        for k in w.knee_recent[-knee.confirm_window :]
+    )
+    tracker = KneeTracker(knee, samples, published=w.knee_published, recent=recent)
     if samples:
         tracker.current = find_knee(list(samples), knee)
     scale = ScaleState(w.high_streak, w.low_streak, w.last_action_ms, w.last_action, w.episode)

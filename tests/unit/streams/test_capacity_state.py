@@ -135,3 +135,32 @@ def test_the_bytes_round_trip_keeps_every_field() -> None:
 def test_bytes_that_do_not_restore_are_refused_with_a_reason(decode: Any, data: bytes) -> None:
     with pytest.raises(CorruptStateError, match="capacity"):
         decode(data)
+
+
+def test_core_state_saved_before_knee_confirmation_restores() -> None:
+    # A worker from before the knee's confirmation window wrote one field fewer.
+    r = Replay()
+    for e in scenario_events():
+        r.feed(e)
+    assert r.core.knee.published is not None
+    older = msgspec.msgpack.encode(msgspec.msgpack.decode(encode_core(r.core))[:-1])
+    back = decode_core(older, interval_ms=10_000, grace_ms=2_000, knee=KNEE_CFG, warmup_after=20)
+    assert back.knee.published == r.core.knee.published
+    assert list(back.knee.recent) == []
+    assert [s.ts_ms for s in back.knee.samples] == [s.ts_ms for s in r.core.knee.samples]
+
+
+def test_knee_candidates_round_trip_with_their_evidence() -> None:
+    from tailguard.streams.knee import Knee
+
+    r = Replay()
+    for e in scenario_events()[:3_000]:
+        r.feed(e)
+    r.core.knee.recent.extend(
+        [None, Knee(9.5, 1100.0, 400.0, 80, 12, "kneedle", low=9.0, high=10.25)]
+    )
+    while len(r.core.knee.recent) > KNEE_CFG.confirm_window:
+        r.core.knee.recent.popleft()
+    back = r.restored()
+    assert list(back.core.knee.recent)[-2:] == list(r.core.knee.recent)[-2:]
+    assert encode_core(back.core) == encode_core(r.core)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # make demo: broker, topics, worker, GPU telemetry, eight hours of replayed
-# history with an incident (fast), the capacity scenarios (knee and scaling,
-# expert breaker, RAG threshold), then a live minute of traffic with a live
+# history with an incident (fast), a canary rolled back, prompt versions and a
+# prompt experiment rolled back on blind human feedback (hallucinations), the
+# capacity scenarios (knee and scaling, expert breaker, RAG threshold), then a
+# live minute of traffic with a live
 # SLI table, then a report of SLIs, breaches and capacity decisions. Stops
 # everything it started.
 #
@@ -39,7 +41,8 @@ echo "· worker (log: $DEMO_DIR/worker.log; live dashboard http://127.0.0.1:$WEB
 "$BIN/tailguard" worker --data-dir "$DEMO_DIR/worker" --snapshot-interval 2 \
   --lateness-ms 10000 --loglevel warning --web-port "$WEB_PORT" \
   --experiments-file infra/experiments/gateway-canary.yaml \
-  --experiments-file infra/experiments/canary.yaml >"$DEMO_DIR/worker.log" 2>&1 &
+  --experiments-file infra/experiments/canary.yaml \
+  --experiments-file infra/demo/prompt-experiments.yaml >"$DEMO_DIR/worker.log" 2>&1 &
 pids+=($!)
 
 echo "· GPU telemetry (simulated NVML; gpu-node-01 under thermal/power pressure)"
@@ -93,6 +96,36 @@ echo "· canary: chat's new prompt v2 on half the users defeats the prefix cache
 "$BIN/tailguard" alerts follow --topic releases --decision rollback --from-beginning -n 1 --duration 120 \
   --output json | tee "$DEMO_DIR/rollback.json" | "$BIN/python" -m json.tool \
   || echo "  (no rollback within 120 s; see $DEMO_DIR/worker.log)"
+
+PROMPTS_S="${DEMO_PROMPTS_S:-120}"
+if [ "$PROMPTS_S" -gt 0 ]; then
+  echo "· prompts: support's system prompt in three versions (infra/demo/prompts/): v2 paraphrases v1, v3 tells the assistant never to admit it does not know; the registry groups near-identical versions"
+  for v in 1 2 3; do
+    parent=()
+    [ "$v" -gt 1 ] && parent=(--parent "support-v$((v - 1))")
+    "$BIN/tailguard" prompts add "infra/demo/prompts/support-v$v.txt" --owner cx "${parent[@]}" \
+      | sed 's/^/  /' || echo "  (support-v$v not registered)"
+  done
+  "$BIN/tailguard" prompts list | sed 's/^/  /' || true
+  echo "· prompt experiment support-prompt-v3 (infra/demo/prompt-experiments.yaml: v1 vs v3, 50/50, guardrail hallucination_rate max_diff 0.02): 3,000 requests, then blind ratings of them (no arm; 3 % hallucinations for v1, 8 % for v3); the guard's decisions as they arrive (up to ${PROMPTS_S}s, DEMO_PROMPTS_S=0 skips):"
+  "$BIN/python" -m tailguard.simulator.feedback --broker "$TAILGUARD_BROKER" \
+    --prefix "${TAILGUARD_TOPIC_PREFIX:-}" --timeout "$PROMPTS_S" >"$DEMO_DIR/prompts.log" 2>&1 &
+  feedback_pid=$!
+  pids+=("$feedback_pid")
+  "$BIN/python" - "$PROMPTS_S" <<'PY' || echo "  (no rollback within ${PROMPTS_S}s; see $DEMO_DIR/prompts.log and $DEMO_DIR/worker.log)"
+import os
+import sys
+
+from tailguard.console import watch_release
+
+rollback = watch_release(
+    os.environ["TAILGUARD_BROKER"], experiment="support-prompt-v3", timeout_s=float(sys.argv[1])
+)
+sys.exit(0 if rollback else 1)
+PY
+  kill -TERM "$feedback_pid" 2>/dev/null || true
+  wait "$feedback_pid" 2>/dev/null || true
+fi
 
 CAPACITY_S="${DEMO_CAPACITY_S:-120}"
 if [ "$CAPACITY_S" -gt 0 ]; then

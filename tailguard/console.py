@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from tailguard.catalogue import BREACHES, CAPACITY, SLI, default_prefix
+from tailguard.catalogue import BREACHES, CAPACITY, RELEASES, SLI, default_prefix
 from tailguard.errors import TailguardError
 from tailguard.kafka_admin import ensure_broker
 
@@ -30,10 +30,12 @@ __all__ = [
     "follow",
     "heatmap_report",
     "read_to_end",
+    "release_lines",
     "report",
     "sli_table",
     "tail",
     "watch_capacity",
+    "watch_release",
     "watch_sli",
 ]
 
@@ -452,6 +454,103 @@ def capacity_report(
         table.add_row(when, where, r.get("kind", "?"), f"[{c}]{r.get('decision')}[/{c}]", what)
     _console().print(table)
     return rows
+
+
+def _pct(x: Any) -> str:
+    return f"{100 * x:.2f} %" if isinstance(x, int | float) else "–"
+
+
+def release_lines(rec: dict[str, Any]) -> list[str]:
+    """A ``tailguard.release.v1`` decision in a few readable lines.
+
+    The first line says what was decided (and its reasons unless a breached
+    guardrail below spells them out); per breached guardrail its arms, difference
+    and limit — for the human-feedback guardrail also the permutation p-value, the
+    look, the raters and the strata; then per arm the prompt groups and versions
+    holding its bad requests, with exemplar trace ids.
+    """
+    ev = rec.get("evidence") or {}
+    when = time.strftime("%H:%M:%S", time.gmtime(rec.get("ts_ms", 0) / 1000)) + "Z"
+    weights = ", ".join(f"{a} {w:.0%}" for a, w in (rec.get("weights") or {}).items())
+    about = ([f"arm {rec['arm']}"] if rec.get("arm") else []) + (
+        [f"weights {weights}"] if weights else []
+    )
+    head = f"{rec.get('decision')} {rec.get('experiment')}" + (
+        f" ({'; '.join(about)})" if about else ""
+    )
+    lines = [f"{when}  {head}"]
+    breached = {k: m for k, m in (ev.get("metrics") or {}).items() if m.get("status") == "breached"}
+    if not breached:
+        lines += [f"  {r}" for r in rec.get("reasons") or []]
+    for key, m in breached.items():
+        arms = m.get("arms") or {}
+        limit = ", ".join(f"{k} {v}" for k, v in (m.get("constraint") or {}).items())
+        values = " vs ".join(
+            f"{a} {_pct(x.get('value')) if m.get('effect') == 'diff' else x.get('value')} "
+            f"(n {x.get('n', 0):,})"
+            for a, x in arms.items()
+        )
+        diff = m.get("difference")
+        lo, hi = (m.get("interval") or [None, None])[:2]
+        span = f" [{100 * lo:+.2f}, {100 * hi:+.2f}]" if lo is not None and hi is not None else ""
+        effect = f"difference {100 * diff:+.2f} points{span}" if diff is not None else ""
+        lines.append(f"  {key}: {values}; {effect} (limit {limit})")
+        t = m.get("test")
+        if not t:
+            continue
+        per_arm = ", ".join(f"{a} {n}" for a, n in (t.get("raters_per_arm") or {}).items())
+        lines.append(
+            f"  human feedback: {t.get('test')} p = {t.get('p_value', 0):.2g} "
+            f"< {t.get('alpha_per_look', 0):.2g} at look {t.get('look')} of {t.get('looks')} "
+            f"({t.get('look_at_ratings')} ratings per arm); {t.get('raters')} raters ({per_arm})"
+        )
+        strata = [
+            f"{name} ("
+            + ", ".join(
+                f"{a} {c['hallucination']}/{c['rated']:,}" for a, c in cells.items() if c["rated"]
+            )
+            + ")"
+            for name, cells in (t.get("strata") or {}).items()
+        ]
+        pooled = "; single-arm strata pooled" if t.get("pooled_single_arm_strata") else ""
+        lines.append(f"  strata (hallucinations/rated): {', '.join(strata)}{pooled}")
+    served = {a: s.get("prompt_versions") or {} for a, s in (ev.get("arms") or {}).items()}
+    groups = ev.get("prompt_groups") or {}
+    for name in dict.fromkeys([*([rec["arm"]] if rec.get("arm") else []), *served, *groups]):
+        versions = ", ".join(f"{v} {n:,}" for v, n in served.get(name, {}).items()) or "–"
+        rows = [
+            f"{g.get('prompt_group')} [{', '.join(g.get('versions') or [])}] "
+            f"{g.get('bad', 0)} bad of {g.get('requests', 0):,}, traces "
+            + (", ".join(g.get("exemplars") or []) or "–")
+            for g in groups.get(name) or []
+        ]
+        lines.append(
+            f"  {name}: prompts served {versions}"
+            + (f"; bad requests from {'; '.join(rows)}" if rows else "")
+        )
+    return lines
+
+
+def watch_release(
+    broker: str, *, experiment: str, timeout_s: float, until: str = "rollback"
+) -> dict[str, Any] | None:
+    """Print every decision about ``experiment`` on ``tailguard.releases``, from the
+    beginning, as it arrives — a line each, and ``until`` (default ``rollback``) in
+    full (:func:`release_lines`); returns that decision, or None after ``timeout_s``."""
+    out = _console()
+    for _key, value, _headers in follow(
+        broker, default_prefix() + RELEASES, from_beginning=True, timeout_s=timeout_s
+    ):
+        rec: dict[str, Any] = json.loads(value or b"{}")
+        if rec.get("experiment") != experiment:
+            continue
+        lines = release_lines(rec)
+        final = rec.get("decision") == until
+        for line in lines if final else lines[:1]:
+            out.print("  " + line, markup=False, highlight=False, soft_wrap=True)
+        if final:
+            return rec
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,6 @@ to the arm and prompt version of the request it remembers.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable
@@ -25,11 +24,12 @@ from typing import Any
 
 import pytest
 
+from tailguard.simulator.feedback import SPAN_MS, batches, blind_feedback, requests
+
 pytestmark = pytest.mark.integration
 
 MIN = 60_000
 REQUESTS = 3_000  # per experiment: ~1,500 rated requests per arm
-SPAN_MS = 10 * MIN
 
 EXPERIMENTS = """
 apiVersion: tailguard/v1
@@ -48,57 +48,6 @@ experiments:
     min_samples: {units: 0, requests: 100, ratings: 200}
     evaluate_every_s: 30
 """
-
-
-def requests(experiment: str, start: int, n: int, rng: random.Random) -> list[dict[str, Any]]:
-    out = []
-    for i in range(n):
-        arm = "treatment" if rng.random() < 0.5 else "control"
-        ttft = rng.lognormvariate(5.0, 0.3)
-        out.append(
-            {
-                "event_id": f"{experiment}-{start}-{i}",
-                "ts_ms": start + i * SPAN_MS // n,
-                "service": "chat",
-                "model": "llama-8b",
-                "status": "ok",
-                "ttft_ms": round(ttft, 3),
-                "e2e_ms": round(ttft + 400.0, 3),
-                "output_tokens": 20,
-                "experiment": experiment,
-                "variant": arm,
-                "prompt_version": "prompt-v2" if arm == "treatment" else "prompt-v1",
-                "unit_id": f"{experiment}-u{i}",
-            }
-        )
-    return out
-
-
-def blind_feedback(
-    reqs: list[dict[str, Any]], rates: dict[str, float], rng: random.Random
-) -> list[dict[str, Any]]:
-    """One rating per request; the record names the request only (no arm)."""
-    out = []
-    for r in reqs:
-        u = rng.random()
-        rate = rates[r["variant"]]
-        label = "hallucination" if u < rate else "partial" if u < rate + 0.05 else "correct"
-        out.append(
-            {
-                "event_id": f"fb-{r['event_id']}",
-                "ts_ms": r["ts_ms"] + 60_000,
-                "service": "chat",
-                "kind": "feedback",
-                "label": label,
-                "rater": f"rater-{rng.randrange(6)}",
-                "request_event_id": r["event_id"],
-            }
-        )
-    return out
-
-
-def batches(events: list[dict[str, Any]], key: bytes, size: int = 200) -> list[tuple[bytes, bytes]]:
-    return [(key, json.dumps(events[i : i + size]).encode()) for i in range(0, len(events), size)]
 
 
 def test_a_five_point_hallucination_rise_is_rolled_back_and_no_change_is_not(

@@ -170,7 +170,7 @@ def read_registry(
     try:
         _topic_or_fail(consumer, broker, topic)
         tp = TopicPartition(topic, 0)
-        _low, high = consumer.get_watermark_offsets(tp, timeout=10)
+        high = _high_watermark(consumer, tp)
         consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
         deadline = time.monotonic() + timeout_s
         while high > 0:
@@ -198,6 +198,33 @@ def read_registry(
     finally:
         consumer.close()
     return registry
+
+
+def _high_watermark(consumer: Any, tp: Any, attempts: int = 10) -> int:
+    """The partition's end offset; retried while a just-created topic elects its leader."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    settling = {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._TIMED_OUT,
+    }
+    for attempt in range(attempts):
+        try:
+            _low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            return int(high)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            transient = isinstance(error, KafkaError) and (
+                error.code() in settling or error.retriable()
+            )
+            if not transient or attempt == attempts - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    msg = "unreachable"
+    raise AssertionError(msg)
 
 
 def publish_prompt(broker: str, record: dict[str, Any], *, prefix: str | None = None) -> Registered:

@@ -118,3 +118,32 @@ def test_unreachable_broker_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "no Kafka broker answers at 127.0.0.1:9" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_end_offset_is_retried_while_a_new_topic_elects_its_leader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from tailguard import prompts as module
+
+    monkeypatch.setattr(module.time, "sleep", lambda _s: None)
+
+    class Settling:
+        calls = 0
+
+        def get_watermark_offsets(self, _tp: object, timeout: float) -> tuple[int, int]:
+            self.calls += 1
+            if self.calls < 3:
+                raise KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
+            return 0, 7
+
+    consumer = Settling()
+    assert module._high_watermark(consumer, None) == 7 and consumer.calls == 3
+
+    class Broken:
+        def get_watermark_offsets(self, _tp: object, timeout: float) -> tuple[int, int]:
+            raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+
+    with pytest.raises(KafkaException):  # not transient: said at once
+        module._high_watermark(Broken(), None)

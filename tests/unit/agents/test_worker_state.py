@@ -78,3 +78,22 @@ def test_the_store_writes_only_touched_buckets_and_restores_them() -> None:
     assert again.state.counters(60_000 * 5) == cached.state.counters(60_000 * 5)
     assert bucket_key("s", "m", 1) == "s\x1fm\x1f1"
     assert fresh.forget_partitions({0}) == 1 and len(fresh) == 0
+
+
+def test_malloc_arenas_are_capped_unless_the_environment_decides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tailguard.agents import worker
+
+    calls: list[tuple[int, int]] = []
+
+    class Libc:
+        def mallopt(self, param: int, value: int) -> int:
+            calls.append((param, value))
+            return 1
+
+    monkeypatch.setattr(worker.ctypes, "CDLL", lambda _name: Libc())
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    assert worker.limit_malloc_arenas(2) and calls == [(-8, 2)]
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert not worker.limit_malloc_arenas(2) and len(calls) == 1

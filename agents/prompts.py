@@ -9,8 +9,8 @@
                                            │ group_of(version)
     ingest ──forward──▶ tailguard.internal.prompts ──▶ prompt SLI agent
       rows (ts, version,   (key: service|model)              │
-      outcome, ttft)                                         ├─▶ table tailguard-prompt-sli
-                                                             └─▶ tailguard.prompt_sli
+      outcome, ttft,                                         ├─▶ table tailguard-prompt-sli
+      input part, offset)                                    └─▶ tailguard.prompt_sli
 
 **Registry.** Like the control topic (:mod:`tailguard.agents.control`), the
 registry is read whole by every worker, outside the consumer group, from its
@@ -43,9 +43,15 @@ version the registry does not know (yet) counts as its own group
 A window's final snapshot is published when event time closes it, before its
 state is written (a crash re-publishes it, with the same ``event_id``, never
 loses it); provisional snapshots of the open windows of the groups that
-changed are published every ``snapshot_interval_s``. Counting is
-at-least-once: a batch re-forwarded after a crash is counted again (the SLI
-agent's exact-once bookkeeping is per series, not per group).
+changed are published every ``snapshot_interval_s``. Replays count once:
+each row carries the position ``(partition, offset)`` of the input message
+its event came from, and each group state keeps the highest input offset it
+applied per input partition (``GroupSli.applied``, stored with the state), so
+a batch the ingest agent re-forwards after a crash, or an internal message
+re-read after its state was written but before its offset was committed, is
+skipped by every group that already holds it. A row a replay resolves to
+another group than the first time (its version registered in between) is
+counted in both.
 
 Env: ``TAILGUARD_PROMPT_THRESHOLD`` (cosine similarity, default
 :data:`~tailguard.streams.prompt_groups.DEFAULT_THRESHOLD`),
@@ -95,6 +101,7 @@ __all__ = [
     "PromptPlane",
     "PromptRegistry",
     "PromptStats",
+    "Row",
     "fold_rows",
     "group_snapshot",
     "outcome_of",
@@ -108,8 +115,24 @@ _DAY_S = 86_400.0
 _ERRORS = frozenset({"error", "timeout", "rejected"})
 
 _SEP = "\x1f"
-# One row per request: (ts_ms, prompt_version, outcome, ttft_ms).
-Row = tuple[int, str, int, float | None]
+
+
+class Row(msgspec.Struct, array_like=True, frozen=True):
+    """One request on ``tailguard.internal.prompts``:
+    ``[ts_ms, prompt_version, outcome, ttft_ms, part, offset]``.
+
+    ``part``/``offset`` are the input position of the request's event; rows of
+    an older forwarder lack them and decode with -1 (counted, never deduplicated).
+    """
+
+    ts_ms: int
+    version: str
+    outcome: int
+    ttft_ms: float | None
+    part: int = -1
+    offset: int = -1
+
+
 _encode = msgspec.json.Encoder().encode
 _decode_rows = msgspec.json.Decoder(list[Row]).decode
 
@@ -125,12 +148,15 @@ class PromptStats:
     unregistered_rows: int = 0
     late: int = 0
     published: int = 0
+    #: Rows skipped because their group state already held their input message.
+    replayed: int = 0
 
     def line(self) -> str:
         return (
             f"prompts_registered={self.registered} prompts_rejected={self.rejected} "
             f"prompt_rows={self.rows} prompt_rows_unregistered={self.unregistered_rows} "
-            f"prompt_late={self.late} prompt_sli_published={self.published}"
+            f"prompt_late={self.late} prompt_rows_replayed={self.replayed} "
+            f"prompt_sli_published={self.published}"
         )
 
 
@@ -363,7 +389,9 @@ def fold_rows(
     turns a key into a state, new when absent); the caller publishes the
     closed windows, then writes ``states`` and ``meta``. Event time is the
     deployment's: every group with an open window is advanced to the newest
-    ``ts_ms`` of the deployment, so a quiet group's window closes too.
+    ``ts_ms`` of the deployment, so a quiet group's window closes too. Rows a
+    group state already applied (by input position) are skipped; they still
+    move event time, which they moved the first time too.
     """
     watermark, open_groups = _load_meta(table.get(f"{deployment}{_SEP}".encode()))
     start = watermark
@@ -379,17 +407,24 @@ def fold_rows(
 
     by_group: dict[str, list[Row]] = {}
     for row in rows:
-        group = group_of(row[1])
+        group = group_of(row.version)
         if group is None:
             stats.unregistered_rows += 1
-            group = GROUP_PREFIX + row[1]
+            group = GROUP_PREFIX + row.version
         by_group.setdefault(group, []).append(row)
-        watermark = max(watermark, row[0])
+        watermark = max(watermark, row.ts_ms)
     for group, group_rows in by_group.items():
         st = state_of(group)
-        late = st.late
-        closed.extend((group, w, st) for w in st.add_rows(group_rows))
+        late, counted = st.late, st.total.requests
+        closed.extend(
+            (group, w, st)
+            for w in st.add_rows(
+                [(r.ts_ms, r.version, r.outcome, r.ttft_ms) for r in group_rows],
+                [(r.part, r.offset) for r in group_rows],
+            )
+        )
         stats.late += st.late - late
+        stats.replayed += len(group_rows) - (st.total.requests - counted)
     for group in open_groups:
         state_of(group)
     for group, st in states.items():
@@ -493,7 +528,7 @@ def register_prompts(
     ) -> None:
         rows: dict[str, list[Row]] = {}
         limits: dict[str, Thresholds] = {}
-        for ev in events:
+        for ev, (part, offset) in zip(events, positions, strict=True):
             if not ev.prompt_version or ev.warmup:
                 continue
             series = f"{ev.service}|{ev.model}|{ev.variant}|{ev.tenant}"
@@ -501,7 +536,7 @@ def register_prompts(
             if t is None:
                 t = limits[series] = thresholds(series)
             ttft = None if ev.ttft_ms is None else float(ev.ttft_ms)
-            row = (ev.ts_ms, ev.prompt_version, outcome_of(ev, t), ttft)
+            row = Row(ev.ts_ms, ev.prompt_version, outcome_of(ev, t), ttft, part, offset)
             rows.setdefault(f"{ev.service}|{ev.model}", []).append(row)
         for key, batch in rows.items():
             await internal.send(

@@ -30,6 +30,19 @@ state does not depend on how its requests were batched and replays give the
 same bytes. Each window also counts requests and bad requests per prompt
 version, so the versions that contribute most of a group's bad requests can be
 named.
+
+Replays are idempotent when the caller passes each request's input position
+(the ``(partition, offset)`` of the input message it came from, as the series
+buckets of :mod:`tailguard.streams.bucket` do): the state keeps ``applied``,
+the highest input offset folded per input partition, and a request at or
+below its partition's mark is skipped. Marks move only once a whole call is
+in, so the requests of one input message in one call are all counted::
+
+    applied {0: 41}   rows (p0, o40) (p0, o42) (p1, o7)
+                        skipped ─┘   counted ─┘ counted ─┘   → applied {0: 42, 1: 7}
+
+A request without a position (offset < 0: rows of an older forwarder) is
+always counted and marks nothing.
 """
 
 from __future__ import annotations
@@ -148,6 +161,7 @@ class _Wire(msgspec.Struct, array_like=True):
     late: int
     total: _TallyWire
     open: list[tuple[int, _TallyWire]]
+    applied: dict[int, int] = {}  # absent in state written before replay marks
 
 
 _VERSION: Final = 1
@@ -180,7 +194,7 @@ def _tally_from(w: _TallyWire) -> Tally:
 class GroupSli:
     """SLI state of one (service, model, prompt group); see the module docstring."""
 
-    __slots__ = ("late", "lateness_ms", "open", "total", "watermark_ms", "window_ms")
+    __slots__ = ("applied", "late", "lateness_ms", "open", "total", "watermark_ms", "window_ms")
 
     def __init__(self, window_ms: int = 60_000, lateness_ms: int = 0) -> None:
         if window_ms <= 0 or lateness_ms < 0:
@@ -196,6 +210,8 @@ class GroupSli:
         self.total = Tally()
         #: Open windows by start, oldest first.
         self.open: dict[int, WindowTally] = {}
+        #: Highest input offset folded in, per input partition (module docstring).
+        self.applied: dict[int, int] = {}
 
     def add(
         self, ts_ms: int, version: str, outcome: Outcome, ttft_ms: float | None
@@ -203,14 +219,22 @@ class GroupSli:
         """Count one request; returns the windows it closed (oldest first)."""
         return self.add_rows([(ts_ms, version, outcome, ttft_ms)])
 
-    def add_rows(self, rows: Sequence[tuple[int, str, Outcome, float | None]]) -> list[WindowTally]:
+    def add_rows(
+        self,
+        rows: Sequence[tuple[int, str, Outcome, float | None]],
+        positions: Sequence[tuple[int, int]] | None = None,
+    ) -> list[WindowTally]:
         """Count the requests of one message ``(ts_ms, version, outcome, ttft_ms)``;
         returns the windows that closed (oldest first).
 
         A request is late when its window had closed *before* this call; windows
         close after the whole batch is counted. TTFTs go into the histograms
         once per window and batch (one numpy pass, not one per request).
+        ``positions``, one ``(input partition, input offset)`` per row, skips
+        the rows this state has already applied (module docstring).
         """
+        if positions is not None:
+            rows = self._unapplied(rows, positions)
         closed_before = self.watermark_ms - self.window_ms - self.lateness_ms
         total_ttft: list[float] = []
         window_ttft: dict[int, list[float]] = {}
@@ -237,6 +261,30 @@ class GroupSli:
         for start, values in window_ttft.items():
             self.open[start].tally.ttft.add(values)
         return self._close()
+
+    def _unapplied(
+        self,
+        rows: Sequence[tuple[int, str, Outcome, float | None]],
+        positions: Sequence[tuple[int, int]],
+    ) -> list[tuple[int, str, Outcome, float | None]]:
+        """The rows above their partition's mark; the marks move past them afterwards."""
+        if len(positions) != len(rows):
+            msg = f"{len(rows)} prompt rows but {len(positions)} input positions: one per row"
+            raise ValueError(msg)
+        applied = self.applied
+        fresh: list[tuple[int, str, Outcome, float | None]] = []
+        newest: dict[int, int] = {}
+        for row, (part, offset) in zip(rows, positions, strict=True):
+            if offset < 0:
+                fresh.append(row)  # no position: cannot tell a replay, so count it
+                continue
+            if offset <= applied.get(part, -1):
+                continue  # a replay of an input message this state already holds
+            fresh.append(row)
+            if offset > newest.get(part, -1):
+                newest[part] = offset
+        applied.update(newest)  # after the loop: the rest of a message is not a replay
+        return fresh
 
     def advance(self, watermark_ms: int) -> list[WindowTally]:
         """Move event time to ``watermark_ms`` (the deployment's, which a quiet group does
@@ -265,6 +313,7 @@ class GroupSli:
                 self.late,
                 _tally_wire(self.total),
                 [(s, _tally_wire(w.tally)) for s, w in self.open.items()],
+                dict(sorted(self.applied.items())),
             )
         )
 
@@ -283,4 +332,5 @@ class GroupSli:
         state.late = wire.late
         state.total = _tally_from(wire.total)
         state.open = {s: WindowTally(s, _tally_from(t)) for s, t in wire.open}
+        state.applied = dict(wire.applied)
         return state

@@ -5,7 +5,7 @@ import json
 import jsonschema
 import numpy as np
 import pytest
-from tailguard.agents.prompts import PromptRegistry, group_snapshot, outcome_of
+from tailguard.agents.prompts import PromptRegistry, Row, group_snapshot, outcome_of
 from tailguard.schemas import DeadLetterReason, InferenceEvent, Reject
 from tailguard.schemas.generate import SCHEMA_DIR
 from tailguard.schemas.prompts import PROMPT_SLI_SCHEMA
@@ -116,33 +116,89 @@ def test_snapshot_validates_against_the_shipped_schema() -> None:
     assert again["event_id"] == snap["event_id"]
 
 
-def test_fold_closes_a_quiet_groups_window_when_the_deployment_moves_on() -> None:
+T0, MINUTE = 1_699_995_600_000, 60_000
+GROUPS = {"a1": "pg-a1", "a2": "pg-a1", "b1": "pg-b1"}
+
+
+@pytest.fixture
+def folder():  # type: ignore[no-untyped-def]
+    """A fold of one message into a dict table, written back as the agent does."""
     from tailguard.agents.prompts import PromptStats, _encode_meta, fold_rows
 
-    t0, minute = 1_699_995_600_000, 60_000
     table: dict[bytes, bytes] = {}
-    groups = {"a1": "pg-a1", "a2": "pg-a1", "b1": "pg-b1"}
     stats = PromptStats()
 
     def load(key: bytes) -> GroupSli:
         raw = table.get(key)
-        return GroupSli.from_bytes(raw) if raw else GroupSli(minute, 0)
+        return GroupSli.from_bytes(raw) if raw else GroupSli(MINUTE, 0)
 
-    def fold(rows: list[tuple[int, str, int, float | None]]):  # type: ignore[no-untyped-def]
-        out = fold_rows(table, "chat|llama", rows, groups.get, load, stats)
-        for group, st in out.states.items():
-            table[f"chat|llama\x1f{group}".encode()] = st.to_bytes()
-        table[b"chat|llama\x1f"] = _encode_meta(out.meta)
+    def fold(rows: list[Row], *, write: bool = True):  # type: ignore[no-untyped-def]
+        out = fold_rows(table, "chat|llama", rows, GROUPS.get, load, stats)
+        if write:
+            for group, st in out.states.items():
+                table[f"chat|llama\x1f{group}".encode()] = st.to_bytes()
+            table[b"chat|llama\x1f"] = _encode_meta(out.meta)
         return out
 
+    return fold, stats
+
+
+def test_fold_closes_a_quiet_groups_window_when_the_deployment_moves_on(folder) -> None:  # type: ignore[no-untyped-def]
+    fold, stats = folder
+    t0, minute = T0, MINUTE
     first = fold(
-        [(t0 + 1, "a1", GOOD, 100.0), (t0 + 2, "a2", SLOW, 900.0), (t0 + 3, "b1", GOOD, 50.0)]
+        [
+            Row(t0 + 1, "a1", GOOD, 100.0),
+            Row(t0 + 2, "a2", SLOW, 900.0),
+            Row(t0 + 3, "b1", GOOD, 50.0),
+        ]
     )
     assert not first.closed and first.meta == (t0 + 3, ["pg-a1", "pg-b1"])
     # only pg-b1 has traffic in the next minute; pg-a1's window closes all the same
-    later = fold([(t0 + minute + 5, "b1", GOOD, 60.0), (t0 + 5, "zz", ERROR, None)])
+    later = fold([Row(t0 + minute + 5, "b1", GOOD, 60.0), Row(t0 + 5, "zz", ERROR, None)])
     closed = {(g, w.start_ms): w.tally for g, w, _ in later.closed}
     assert set(closed) == {("pg-a1", t0), ("pg-b1", t0), ("pg-zz", t0)}
     assert closed[("pg-a1", t0)].versions == {"a1": [1, 0], "a2": [1, 1]}
     assert later.meta == (t0 + minute + 5, ["pg-b1"])
     assert stats.unregistered_rows == 1 and stats.rows == 5
+
+
+def _message(part: int, offset: int, *rows: tuple[int, str, int, float | None]) -> list[Row]:
+    return [Row(*r, part, offset) for r in rows]
+
+
+def test_a_batch_re_forwarded_after_a_crash_is_counted_once(folder) -> None:  # type: ignore[no-untyped-def]
+    fold, stats = folder
+    m1 = _message(0, 10, (T0 + 1, "a1", GOOD, 100.0), (T0 + 2, "b1", SLOW, 900.0))
+    m2 = _message(0, 11, (T0 + 3, "a2", ERROR, None))
+    m3 = _message(1, 4, (T0 + 4, "a1", GOOD, 80.0), (T0 + 5, "zz", GOOD, 70.0))
+    once = fold(m1 + m2 + m3)
+    counts = {g: st.total.summary() for g, st in once.states.items()}
+    # the ingest agent re-reads its uncommitted input and forwards it again, now
+    # together with input it had not forwarded yet
+    m4 = _message(1, 5, (T0 + 6, "b1", GOOD, 60.0))
+    again = fold(m3 + m1 + m4 + m2)
+    assert stats.replayed == 5 and stats.rows == 11
+    assert again.states["pg-b1"].total.requests == 2
+    for group in ("pg-a1", "pg-zz"):
+        assert again.states[group].total.summary() == counts[group]
+    # the prompt agent re-reads an internal message whose state was written
+    assert fold(m4).states["pg-b1"].total.requests == 2
+
+
+def test_a_fold_whose_state_was_not_written_counts_on_replay(folder) -> None:  # type: ignore[no-untyped-def]
+    fold, stats = folder
+    rows = _message(3, 7, (T0 + 1, "a1", GOOD, 100.0), (T0 + 2, "a2", SLOW, 900.0))
+    fold(rows, write=False)  # crashed before the table write
+    assert fold(rows).states["pg-a1"].total.requests == 2 and stats.replayed == 0
+
+
+def test_rows_of_an_older_forwarder_decode_without_positions() -> None:
+    from tailguard.agents.prompts import _decode_rows, _encode
+
+    old = _decode_rows(b'[[1700000000000,"a1",1,250.5],[1700000000001,"b1",3,null]]')
+    assert old == [Row(1_700_000_000_000, "a1", SLOW, 250.5), Row(1_700_000_000_001, "b1", 3, None)]
+    assert (old[0].part, old[0].offset) == (-1, -1)
+    row = Row(5, "v", GOOD, 1.0, 2, 99)
+    assert _encode([row]) == b'[[5,"v",0,1.0,2,99]]'
+    assert _decode_rows(_encode([row])) == [row]

@@ -100,3 +100,70 @@ def test_a_batch_counts_like_its_rows_one_by_one_and_closes_windows_after_it() -
     assert [w.start_ms for w in closed] == [T0]
     assert closed[0].tally.requests == 2 and st.late == 0
     assert st.add_rows([(T0 + 3, "c", GOOD, 1.0)]) == [] and st.late == 1
+
+
+def _rows(n: int, start: int = 0) -> list[tuple[int, str, int, float | None]]:
+    return [
+        (T0 + (start + i) * 1_000, f"v{i % 2}", (GOOD, SLOW, ERROR)[i % 3], 90.0 + i)
+        for i in range(n)
+    ]
+
+
+def test_a_re_forwarded_batch_is_skipped_and_counts_like_once() -> None:
+    rows = _rows(12)
+    # three input messages of partition 0, four requests each
+    positions = [(0, 40 + i // 4) for i in range(12)]
+    once = GroupSli(window_ms=MIN, lateness_ms=MIN)
+    once.add_rows(rows, positions)
+    twice = GroupSli(window_ms=MIN, lateness_ms=MIN)
+    twice.add_rows(rows, positions)
+    # the crash: state stored, input not committed; the same events come again, as a
+    # new message, partly overlapping the next input message (offset 43)
+    twice = GroupSli.from_bytes(twice.to_bytes())
+    more = _rows(4, start=12)
+    twice.add_rows(rows[4:] + more, positions[4:] + [(0, 43)] * 4)
+    once.add_rows(more, [(0, 43)] * 4)
+    assert twice.total.summary() == once.total.summary()
+    assert twice.open[T0].tally.summary() == once.open[T0].tally.summary()
+    assert twice.total.requests == 16 and twice.applied == {0: 43}
+    assert twice.to_bytes() == once.to_bytes()
+
+
+def test_rows_of_two_input_partitions_interleaved_are_all_counted() -> None:
+    rows = _rows(8)
+    # partition 1 is far ahead of partition 0: its offsets must not hide partition 0's
+    positions = [(0, 5), (1, 900), (0, 6), (1, 901), (0, 7), (1, 902), (0, 8), (1, 903)]
+    st = GroupSli(window_ms=MIN)
+    for row, pos in zip(rows, positions, strict=True):
+        st.add_rows([row], [pos])
+    assert st.total.requests == 8 and st.applied == {0: 8, 1: 903}
+    st.add_rows(rows, positions)  # the same again, as one batch
+    assert st.total.requests == 8
+    # one input message's requests in one call are all counted, not taken for a replay
+    st.add_rows([(T0 + 50, "v9", GOOD, 1.0)] * 3, [(0, 9)] * 3)
+    assert st.total.requests == 11 and st.total.versions["v9"] == [3, 0]
+
+
+def test_rows_without_a_position_are_always_counted() -> None:
+    st = GroupSli(window_ms=MIN)
+    st.add_rows(_rows(2), [(0, 3), (0, 3)])
+    st.add_rows(_rows(2), [(-1, -1), (-1, -1)])
+    assert st.total.requests == 4 and st.applied == {0: 3}
+    with pytest.raises(ValueError, match="one per row"):
+        st.add_rows(_rows(2), [(0, 4)])
+
+
+def test_state_written_before_replay_marks_restores_with_none() -> None:
+    import msgspec
+
+    st = GroupSli(window_ms=MIN, lateness_ms=5_000)
+    st.add_rows(_rows(5))
+    # the version-1 layout without the trailing ``applied`` field
+    fields = msgspec.msgpack.decode(st.to_bytes())
+    old = msgspec.msgpack.encode(fields[:-1])
+    restored = GroupSli.from_bytes(old)
+    assert restored.applied == {}
+    assert restored.total.summary() == st.total.summary()
+    assert restored.to_bytes() == st.to_bytes()
+    restored.add_rows(_rows(5), [(2, 7)] * 5)  # the first positioned rows are counted
+    assert restored.total.requests == 10 and restored.applied == {2: 7}

@@ -151,17 +151,22 @@ def test_one_incident_opens_one_page_that_resolves_and_replays_identically(
     assert opened["budget_remaining"] is not None
     # Which prompts the bad requests used, with traces to open (issue 10 item 5).
     versions = [(p["prompt_version"], p["bad_share"]) for p in opened["prompts"]]
-    assert [v for v, _ in versions] == ["svc-hot-v7", "svc-hot-v6"], versions
-    # 7 of 10 requests a minute; the window may cut a minute (v7 requests come first in it)
-    assert 0.55 <= versions[0][1] <= 0.9, versions
-    assert versions[0][1] + versions[1][1] == pytest.approx(1.0, abs=1e-3), versions
+    assert versions[0][0] == "svc-hot-v7", versions
+    # 7 of 10 requests a minute are v7; the window may cut a minute (v7 requests come
+    # first in it), so v7 holds 70 % of the bad requests or a little more
+    assert 0.55 <= versions[0][1] <= 0.95, versions
+    # versions are listed until they hold 80 % of the bad requests
+    expected = ["svc-hot-v7"] if versions[0][1] >= 0.8 else ["svc-hot-v7", "svc-hot-v6"]
+    assert [v for v, _ in versions] == expected, versions
+    if len(versions) == 2:
+        assert versions[0][1] + versions[1][1] == pytest.approx(1.0, abs=1e-3), versions
     for p in opened["prompts"]:
         assert p["exemplars"], p
         # the trace id encodes the request's index i: v7 requests are i < 7
         assert all(
             (int(t[16:24], 16) < 7) == p["prompt_version"].endswith("v7") for t in p["exemplars"]
         )
-    assert [g["prompt_group"] for g in opened["prompt_groups"]] == ["svc-hot-v7", "svc-hot-v6"]
+    assert [g["prompt_group"] for g in opened["prompt_groups"]] == expected
 
     replay = run_once(second_namespace, worker_factory, collector, produce, start, "replay")
     first, again = breach_sequence(records), breach_sequence(replay)

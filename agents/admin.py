@@ -71,6 +71,7 @@ from tailguard.agents.control import BreachView, ControlFollower, ControlState, 
 from tailguard.agents.outputs import Outputs
 from tailguard.agents.settings import Settings
 from tailguard.agents.state import SeriesStore, bucket_key
+from tailguard.agents.topics import internal_topic
 from tailguard.schemas import AdminCommand, ce_headers
 from tailguard.streams import RingConfig, SeriesWindows
 
@@ -98,7 +99,6 @@ log = logging.getLogger("tailguard.admin")
 #: with ``tailguard.internal.series``); faust declares it with the worker's
 #: partition count.
 QUERIES = "tailguard.internal.admin"
-_DAY_S = 86_400.0
 _PRUNE_EVERY_MS = 30_000
 
 
@@ -610,15 +610,7 @@ def register_admin(
     admin_topic = app.topic(
         plane.admin_topic, key_serializer="raw", value_serializer="raw", allow_empty=True
     )
-    queries_topic = app.topic(
-        plane.queries_topic,
-        key_serializer="raw",
-        value_serializer="raw",
-        allow_empty=True,
-        internal=True,
-        partitions=settings.partitions,
-        retention=_DAY_S,
-    )
+    queries_topic = internal_topic(app, settings, plane.queries_topic)
 
     @app.agent(admin_topic, name="tailguard.admin")
     async def admin(stream: faust.StreamT[bytes]) -> None:

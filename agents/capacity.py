@@ -49,7 +49,7 @@ from faust.types import TP
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
-from tailguard.agents.topics import precreate_topics
+from tailguard.agents.topics import internal_topic, precreate_topics
 from tailguard.schemas import InferenceEvent
 from tailguard.streams.breaker import BreakerPolicy, ExpertBreakers
 from tailguard.streams.capacity import (
@@ -90,7 +90,6 @@ CAPACITY_INTERNAL = "tailguard.internal.capacity"
 #: RocksDB table (changelogged) with every deployment's state (module docstring).
 CAPACITY_TABLE = "tailguard-capacity"
 _SEP = "\x1f"
-_DAY_S = 86_400.0
 #: Holds published (besides scale_up/scale_down): a wanted action that a guard blocked.
 _BLOCKED = {"weights_resident", "cooldown"}
 
@@ -212,15 +211,7 @@ def register_capacity(
     import os
 
     tune = tuning or CapacityTuning.from_json(os.environ.get("TAILGUARD_CAPACITY", ""))
-    internal = app.topic(
-        settings.topic_prefix + CAPACITY_INTERNAL,
-        key_serializer="raw",
-        value_serializer="raw",
-        allow_empty=True,
-        internal=True,
-        partitions=settings.partitions,
-        retention=_DAY_S,
-    )
+    internal = internal_topic(app, settings, settings.topic_prefix + CAPACITY_INTERNAL)
     internal_name = settings.topic_prefix + CAPACITY_INTERNAL
     precreate_topics(settings, [internal_name], [CAPACITY_TABLE])
     table = app.Table(

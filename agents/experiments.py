@@ -73,7 +73,7 @@ from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
 from tailguard.agents.stats import WorkerStats
-from tailguard.agents.topics import Topics
+from tailguard.agents.topics import Topics, internal_topic
 from tailguard.schemas import EvalScore, InferenceEvent, Interaction
 from tailguard.schemas.experiments import load_experiments
 from tailguard.streams.errors import ConfigError, CorruptStateError
@@ -115,7 +115,6 @@ RELEASE_SCHEMA = "tailguard.release.v1"
 AUDIT_SCHEMA = "tailguard.audit.v1"
 #: Internal: experiment input re-keyed by experiment id (faust declares it).
 EXPERIMENTS = "tailguard.internal.experiments"
-_DAY_S = 86_400.0
 _SEP = b"\x1f"
 #: Budget of one forwarded message (cut only between input messages).
 MAX_MESSAGE_BYTES = 900_000
@@ -613,15 +612,7 @@ def register_experiments(
     prompt evidence names the same groups."""
     definitions = _load_definitions(getattr(settings, "experiments_files", ()) or ())
     estats = ExperimentStats()
-    internal = app.topic(
-        settings.topic_prefix + EXPERIMENTS,
-        key_serializer="raw",
-        value_serializer="raw",
-        allow_empty=True,
-        internal=True,
-        partitions=settings.partitions,
-        retention=_DAY_S,
-    )
+    internal = internal_topic(app, settings, settings.topic_prefix + EXPERIMENTS)
 
     def raw_topic(name: str) -> TopicT:
         return app.topic(

@@ -76,7 +76,7 @@ from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
 from tailguard.agents.stats import WorkerStats
-from tailguard.agents.topics import precreate_topics
+from tailguard.agents.topics import internal_topic, precreate_topics
 from tailguard.schemas import DeadLetterReason, InferenceEvent, Reject, dead_letter
 from tailguard.schemas.prompts import PROMPT_SLI_SCHEMA, PromptRecord, prompt_or_reject
 from tailguard.streams.errors import CorruptStateError
@@ -111,7 +111,6 @@ __all__ = [
 log = logging.getLogger("tailguard.prompts")
 
 PROMPT_SLI_TABLE = "tailguard-prompt-sli"
-_DAY_S = 86_400.0
 _ERRORS = frozenset({"error", "timeout", "rejected"})
 
 _SEP = "\x1f"
@@ -503,15 +502,7 @@ def register_prompts(
     registry = PromptRegistry(grouper or PromptGrouper(prompt_threshold()), pstats, reject)
     follower = PromptFollower(settings.broker, registry_topic, registry)
 
-    internal = app.topic(
-        internal_name,
-        key_serializer="raw",
-        value_serializer="raw",
-        allow_empty=True,
-        internal=True,
-        partitions=settings.partitions,
-        retention=_DAY_S,
-    )
+    internal = internal_topic(app, settings, internal_name)
     precreate_topics(settings, [internal_name], [PROMPT_SLI_TABLE])
     table = app.Table(
         PROMPT_SLI_TABLE,

@@ -9,7 +9,7 @@ from tailguard.agents.settings import Settings
 
 from tailguard import catalogue as cat
 
-__all__ = ["INTERFERENCE", "Topics", "declare_topics", "precreate_topics"]
+__all__ = ["INTERFERENCE", "Topics", "declare_topics", "internal_topic", "precreate_topics"]
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +54,21 @@ def declare_topics(app: faust.App, settings: Settings) -> Topics:
         breaches=topic(cat.BREACHES),
         deadletter=topic(cat.DEADLETTER),
         kv=topic(cat.KV),
-        interference=app.topic(
-            settings.topic_prefix + INTERFERENCE,
-            key_serializer="raw",
-            value_serializer="raw",
-            allow_empty=True,
-            internal=True,
-            partitions=settings.partitions,
-            retention=_DAY_S,
-        ),
+        interference=internal_topic(app, settings, settings.topic_prefix + INTERFERENCE),
+    )
+
+
+def internal_topic(app: faust.App, settings: Settings, name: str) -> TopicT:
+    """A worker-internal topic (full ``name``): raw bytes, partitioned like the series
+    topic (so equal partition numbers land on one worker), kept one day."""
+    return app.topic(
+        name,
+        key_serializer="raw",
+        value_serializer="raw",
+        allow_empty=True,
+        internal=True,
+        partitions=settings.partitions,
+        retention=_DAY_S,
     )
 
 

@@ -1,54 +1,160 @@
 """The faust application object, configured from :class:`Settings`."""
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import faust
+from aiokafka.structs import TopicPartition as _TopicPartition
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, Message
+from tailguard.agents.offsets import InOrderGuard, VerdictKind
 from tailguard.agents.settings import Settings
 
 __all__ = ["SeekingConsumer", "make_app"]
 
 
-class SeekingConsumer(faust_aiokafka.Consumer):
-    """faust's aiokafka consumer that reads again what a rebalance skipped.
+class _ReadOffsets(dict[Any, Any]):
+    """faust's "last offset read" per partition, blind for acknowledged topics.
 
-    Around a rebalance faust skips the messages it fetched while flow was
-    suspended or under the old generation and acknowledges them, then seeks
-    each partition back to its committed offset so they are read again. Two
-    holes, both closed here:
-
-    - The acknowledgement of a skipped message counts towards the commit: if
-      the commit moves past it before its second copy has been processed and
-      checkpointed, a crash loses it. A skipped message never reached a
-      stream, and faust tracks a message only once a stream takes it, so
-      :meth:`ack` ignores untracked messages.
-    - aiokafka's ``seek_to_committed`` leaves a partition alone when its
-      committed offset is missing or 0 (``if offset and offset > 0``), so on
-      a partition nothing has been committed for yet the skipped messages
-      were never read again. :meth:`seek_to_committed` seeks those
-      partitions itself: to 0 when 0 is committed, to the beginning
-      (``auto_offset_reset=earliest``) when nothing is. Only acknowledged
-      input topics are touched; changelog partitions belong to table
-      recovery.
+    faust drops a record below the last offset read and acknowledges any jump
+    above it as a gap; around a seek that offset is stale and both lose input
+    (see :mod:`.offsets`). For acknowledged topics :class:`InOrderGuard` has
+    already put the records in order, so faust's check must see "unknown".
     """
+
+    def __init__(self, acking: Callable[[str], bool]) -> None:
+        super().__init__()
+        self._acking = acking
+
+    def __missing__(self, tp: Any) -> None:
+        return None
+
+    def __getitem__(self, tp: Any) -> Any:
+        if self._acking(tp.topic):
+            return None
+        return super().__getitem__(tp)
+
+
+class SeekingConsumer(faust_aiokafka.Consumer):
+    """faust's aiokafka consumer, made to deliver each input partition in order.
+
+    - Every record of an acknowledged topic passes :class:`InOrderGuard`
+      first (:meth:`getmany`): what reaches a stream is the partition's log
+      from the committed offset on, in order, however the fetcher interleaves
+      records fetched before and after a seek. faust's own drop-and-gap check
+      is switched off for those topics (:class:`_ReadOffsets`).
+    - The acknowledgement of a message a stream skipped (fetched while flow was
+      suspended, or under the old generation) would count towards the commit
+      although the message was never processed; :meth:`ack` ignores untracked
+      messages, so the commit stops before it and it is read again.
+    - aiokafka's ``seek_to_committed`` leaves a partition alone when its
+      committed offset is missing or 0 (``if offset and offset > 0``);
+      :meth:`seek_to_committed` seeks those itself, to 0 or to the beginning
+      (``auto_offset_reset=earliest``). Changelog partitions belong to table
+      recovery and are not touched.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.order_guard = InOrderGuard()
+        self._read_offset = _ReadOffsets(self._acking)
+
+    def _acking(self, topic: str) -> bool:
+        return bool(self.app.topics.acks_enabled_for(topic))
 
     def ack(self, message: Message) -> bool:
         if not message.tracked:
             return False
         return super().ack(message)
 
+    async def getmany(self, timeout: float) -> AsyncIterator[tuple[TP, Message]]:
+        guard = self.order_guard
+        discard: set[TP] = set()
+        async for tp, message in super().getmany(timeout):
+            if not self._acking(tp.topic):
+                yield tp, message
+                continue
+            if tp in discard:
+                continue
+            verdict = guard.admit(tp, message.offset)
+            kind = verdict.kind
+            if kind is VerdictKind.DELIVER:
+                yield tp, message
+            elif kind is VerdictKind.DELIVER_AFTER_GAP:
+                self.log.info(
+                    "%s: offsets %d-%d hold no record", tp, verdict.gap_from, verdict.gap_to
+                )
+                await self._add_gap(tp, verdict.gap_from, verdict.gap_to)
+                yield tp, message
+            elif kind is VerdictKind.SEEK:
+                # Records fetched before a seek: the rest of this batch is stale too.
+                discard.add(tp)
+                self.log.info(
+                    "%s: offset %d arrived where %d was due; reading again from %d",
+                    tp,
+                    message.offset,
+                    verdict.seek_to,
+                    verdict.seek_to,
+                )
+                await self._seek_back(tp, verdict.seek_to)
+            elif kind is VerdictKind.HOLD:
+                discard.add(tp)
+
+    async def seek(self, partition: TP, offset: int) -> None:
+        if self._acking(partition.topic):
+            self.order_guard.sought(partition, offset)
+        await super().seek(partition, offset)
+
+    async def _seek_back(self, tp: Any, offset: int) -> None:
+        """Seek inside the consumer thread: faust's :meth:`seek` calls aiokafka from
+        the event loop's thread, racing the fetcher that owns its buffers (seen
+        as a ``KeyError`` in ``fetched_records``)."""
+        self.order_guard.sought(tp, offset)
+        await self._thread.seek_wait({_TopicPartition(tp.topic, tp.partition): offset})
+
     async def seek_to_committed(self) -> Mapping[TP, int]:
-        committed: Mapping[Any, Any] = await super().seek_to_committed()
-        acking = self.app.topics.acks_enabled_for
-        never = [tp for tp, offset in committed.items() if offset is None and acking(tp.topic)]
-        if never:
-            await self._thread.seek_to_beginning(*never)
-        for tp, offset in committed.items():
-            if offset == 0 and acking(tp.topic):
-                await self.seek(tp, 0)
+        # aiokafka's own TopicPartition: its seeks refuse faust's TP tuples.
+        tps = [_TopicPartition(tp.topic, tp.partition) for tp in self.assignment()]
+        tps = [tp for tp in tps if self._acking(tp.topic)]
+        guard = self.order_guard
+        guard.resync(list(tps))
+        targets: dict[Any, int | None] = dict.fromkeys(tps)
+        try:
+            committed: Mapping[Any, Any] = await super().seek_to_committed()
+            targets.update(
+                {
+                    _TopicPartition(tp.topic, tp.partition): offset
+                    for tp, offset in committed.items()
+                    if self._acking(tp.topic)
+                }
+            )
+            never = [tp for tp, offset in targets.items() if offset is None]
+            if never:
+                await self._thread.seek_to_beginning(*never)
+                earliest = await self.earliest_offsets(*never)
+                targets.update({tp: earliest.get(tp) for tp in never})
+            for tp, offset in targets.items():
+                if offset == 0 and committed.get(tp) == 0:
+                    await self._thread.seek_wait({tp: 0})
+        finally:
+            again = guard.resynced(targets)
+        self.log.info(
+            "in-order guard: %d stale records dropped, %d holes read again, %d gaps so far",
+            guard.dropped,
+            guard.holes,
+            guard.gaps,
+        )
+        for tp in again:
+            offset = targets[tp]
+            if offset is None:
+                await self._thread.seek_to_beginning(tp)
+            else:
+                await self._seek_back(tp, offset)
         return committed
+
+    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        self.order_guard.forget(list(revoked))
+        await super().on_partitions_revoked(revoked)
 
 
 class Transport(faust_aiokafka.Transport):

@@ -5,6 +5,7 @@ import asyncio
 import itertools
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -35,6 +36,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_port_below_ephemeral(avoid: int = 0) -> int:
+    """A free port under Linux's ephemeral range (32768+), for a listener that must
+    get the same port back after a restart: a fixed port up there (39092 once) can
+    be taken meanwhile by any outgoing connection's local end."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20_000, 32_000)
+        if port == avoid:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no free port in 20000-32000")
 
 
 class Proc:
@@ -327,18 +346,20 @@ def _kafka(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str
 
 @pytest.fixture
 def throwaway_broker(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    """A broker of its own on 39092/39093 (never the shared test broker), torn down after.
+    """A broker of its own on free ports (never the shared test broker), torn down after.
     Reuses the test broker's resolved jars when there are some (no Maven run)."""
     state = tmp_path / "kafka-state"
     (state / "kafka").mkdir(parents=True)
     jars = TEST_STATE / "kafka" / "lib"
     if jars.is_dir():
         (state / "kafka" / "lib").symlink_to(jars)
+    port = int(os.environ.get("TAILGUARD_OUTAGE_KAFKA_PORT") or free_port_below_ephemeral())
+    cport = int(os.environ.get("TAILGUARD_OUTAGE_KAFKA_CPORT") or free_port_below_ephemeral(port))
     env = {
         **os.environ,
         "TAILGUARD_STATE_DIR": str(state),
-        "TAILGUARD_KAFKA_PORT": os.environ.get("TAILGUARD_OUTAGE_KAFKA_PORT", "39092"),
-        "TAILGUARD_KAFKA_CONTROLLER_PORT": os.environ.get("TAILGUARD_OUTAGE_KAFKA_CPORT", "39093"),
+        "TAILGUARD_KAFKA_PORT": str(port),
+        "TAILGUARD_KAFKA_CONTROLLER_PORT": str(cport),
         "TAILGUARD_KAFKA_HEAP_OPTS": "-Xms128m -Xmx256m",
     }
     up = _kafka("up", env)

@@ -1,5 +1,6 @@
 """The faust application object, configured from :class:`Settings`."""
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -58,6 +59,20 @@ class SeekingConsumer(faust_aiokafka.Consumer):
         super().__init__(*args, **kwargs)
         self.order_guard = InOrderGuard()
         self._read_offset = _ReadOffsets(self._acking)
+        #: Seek targets of the last :meth:`seek_to_committed`, held until the flow resumes.
+        self._resync_targets: dict[Any, int | None] = {}
+        self._seeks_after_resume: set[asyncio.Task[None]] = set()
+        self._watch_flow(self.app.flow_control)
+
+    def _watch_flow(self, flow: Any) -> None:
+        """Call :meth:`_on_flow_resumed` each time faust resumes the flow."""
+        resume = flow.resume
+
+        def resumed() -> None:
+            resume()  # empties every stream's queue
+            self._on_flow_resumed()
+
+        flow.resume = resumed
 
     def _acking(self, topic: str) -> bool:
         return bool(self.app.topics.acks_enabled_for(topic))
@@ -137,23 +152,42 @@ class SeekingConsumer(faust_aiokafka.Consumer):
                 if offset == 0 and committed.get(tp) == 0:
                     await self._thread.seek_wait({tp: 0})
         finally:
-            again = guard.resynced(targets)
+            # Records stay held until the flow resumes: faust resumes it right after
+            # this seek, and resuming empties the streams' queues, so anything let
+            # through before (during the awaits above or below) would be lost.
+            self._resync_targets.update(targets)
+        return committed
+
+    def _on_flow_resumed(self) -> None:
+        """The streams' queues were just emptied: release the held partitions at their
+        seek targets, and read again those that discarded records meanwhile."""
+        if not self._resync_targets:
+            return
+        guard = self.order_guard
+        targets, self._resync_targets = self._resync_targets, {}
+        again = {tp: targets[tp] for tp in guard.resynced(targets)}
         self.log.info(
             "in-order guard: %d stale records dropped, %d holes read again, %d gaps so far",
             guard.dropped,
             guard.holes,
             guard.gaps,
         )
-        for tp in again:
-            offset = targets[tp]
+        if again:
+            task = asyncio.get_running_loop().create_task(self._seek_again(again))
+            self._seeks_after_resume.add(task)
+            task.add_done_callback(self._seeks_after_resume.discard)
+
+    async def _seek_again(self, targets: dict[Any, int | None]) -> None:
+        for tp, offset in targets.items():
             if offset is None:
                 await self._thread.seek_to_beginning(tp)
-            else:
+            elif self.order_guard.expected(tp) == offset:  # nothing delivered since
                 await self._seek_back(tp, offset)
-        return committed
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         self.order_guard.forget(list(revoked))
+        for tp in revoked:
+            self._resync_targets.pop(_TopicPartition(tp.topic, tp.partition), None)
         await super().on_partitions_revoked(revoked)
 
 

@@ -30,9 +30,12 @@ acknowledged topic before faust sees it::
                                         compaction, retention): deliver and
                                         acknowledge n … o-1, n = o + 1
 
-A seek sets ``n`` to its target first; while the committed offsets are being
-looked up (:meth:`InOrderGuard.resync`) every record is discarded and the
-partition is sought again once the target is known. So whatever order the
+A seek sets ``n`` to its target first. From the moment the rebalance's seek
+to the committed offsets begins (:meth:`InOrderGuard.resync`) until faust
+resumes the flow, every record is discarded: resuming empties the streams'
+queues, so a record let through in between would be lost (seen on a fresh
+start: an admin command never answered). Then the partitions are released at
+their targets, and those that discarded records are sought again. So whatever order the
 fetcher produces, what reaches a stream is each partition's log from the
 committed offset on, in order, with replays only of what was already
 delivered.
@@ -110,6 +113,10 @@ class InOrderGuard:
         self._probe[tp] = (expected, offset)
         self.holes += 1
         return Verdict(VerdictKind.SEEK, seek_to=expected)
+
+    def expected(self, tp: Hashable) -> int | None:
+        """The next offset ``tp`` should deliver (None: unknown)."""
+        return self._next.get(tp)
 
     def sought(self, tp: Hashable, offset: int | None) -> None:
         """``tp`` is (being) sought to ``offset``; None: to wherever it starts (unknown)."""

@@ -11,6 +11,7 @@ import pytest
 from aiokafka.structs import TopicPartition
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
+from mode.utils.queues import FlowControlEvent
 from tailguard.agents.app import SeekingConsumer, make_app
 from tailguard.agents.offsets import InOrderGuard
 from tailguard.agents.settings import Settings
@@ -62,6 +63,8 @@ def consumer_over(thread: FakeThread, acking: set[str]) -> Any:
     consumer.app = SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=acking.__contains__))
     consumer.log = SimpleNamespace(dev=lambda *args, **kwargs: None, info=lambda *a, **k: None)
     consumer.order_guard = InOrderGuard()
+    consumer._resync_targets = {}
+    consumer._seeks_after_resume = set()
     consumer.assignment = lambda: set(thread.committed) | set(thread.assigned_only)
     consumer.gaps = []
 
@@ -126,14 +129,20 @@ def fetch_script(
     monkeypatch: pytest.MonkeyPatch, batches: list[list[tuple[TP, int]]], consumer: Any
 ) -> list[tuple[TP, int]]:
     """Make faust's getmany return ``batches`` in turn; returns what the consumer yields
-    over that many calls. A batch item ``("seek_to_committed", ...)`` runs the rebalance
-    seek between two records, as faust's recovery does concurrently with the fetch loop."""
+    over that many calls. A batch item ``("seek_to_committed",)`` runs the rebalance
+    seek between two records, as faust's recovery does concurrently with the fetch loop;
+    ``("resume",)`` is faust resuming the flow after it (emptying the streams' queues)."""
     pending = list(batches)
 
     async def scripted(self: Any, timeout: float) -> Any:
         for item in pending.pop(0):
             if item[0] == "seek_to_committed":
                 await self.seek_to_committed()
+                continue
+            if item[0] == "resume":
+                self._on_flow_resumed()
+                await asyncio.sleep(0)  # the seeks it schedules
+                await asyncio.sleep(0)
                 continue
             tp, offset = item
             yield tp, Record(tp, offset)
@@ -161,19 +170,18 @@ def test_records_fetched_before_the_rebalance_seek_do_not_overtake_the_log(
     consumer = consumer_over(thread, acking={"in"})
     before = [(tp, o) for o in range(77, 121)]
     batches = [
-        [*before[:5], ("seek_to_committed",), *before[5:]],  # stale records after the seek
-        [(tp, o) for o in range(77, 90)],  # what the seek to 77 reads
+        # stale records after the seek, and post-seek ones before the flow resumes
+        [*before[:5], ("seek_to_committed",), *before[5:], (tp, 77), (tp, 78), ("resume",)],
+        [(tp, o) for o in range(77, 90)],  # what reading again from 77 reads
     ]
 
     got = fetch_script(monkeypatch, batches, consumer)
 
     offsets = [o for _, o in got]
-    first_after_seek = offsets.index(77, 1)
-    assert offsets[:5] == [77, 78, 79, 80, 81]
-    assert offsets[first_after_seek:] == list(range(77, 90))
-    # nothing between: the stale 82.. were held back and the partition sought again
-    assert first_after_seek == 5
-    assert (tp, 77) in thread.seeks and consumer.gaps == []
+    assert offsets == [77, 78, 79, 80, 81, *range(77, 90)]
+    # nothing in between: everything until the resume was held back (resuming empties
+    # the queues) and the partition sought again to its committed offset
+    assert thread.seeks == [(tp, 77)] and consumer.gaps == []
 
 
 def test_a_hole_is_read_again_and_a_real_gap_is_acknowledged(
@@ -202,3 +210,25 @@ def test_topics_without_acks_pass_untouched(monkeypatch: pytest.MonkeyPatch) -> 
     got = fetch_script(monkeypatch, [[(changelog, 9), (changelog, 3), (changelog, 40)]], consumer)
 
     assert [o for _, o in got] == [9, 3, 40]
+
+
+def test_faust_resuming_the_flow_releases_the_held_partitions() -> None:
+    thread = FakeThread({})
+    consumer = consumer_over(thread, acking={"in"})
+    flow = FlowControlEvent()
+    consumer._watch_flow(flow)
+    tp = TopicPartition("in", 0)
+    consumer.order_guard.resync([tp])
+    consumer._resync_targets = {tp: 5}
+    held = consumer.order_guard.admit(tp, 9)
+
+    async def resume() -> None:
+        flow.resume()
+        await asyncio.gather(*consumer._seeks_after_resume)
+
+    asyncio.run(resume())
+
+    assert held.kind.value == "hold"
+    assert consumer._resync_targets == {}
+    assert thread.seeks == [(tp, 5)], "it discarded a record while held: read again from 5"
+    assert consumer.order_guard.admit(tp, 5).kind.value == "deliver"

@@ -16,6 +16,12 @@
    reports ready to the moment its final 1-minute snapshots account for every
    event; its peak RSS (VmHWM) is read from ``/proc``.
 
+4. *Series sweep*: the same number of events over fewer series
+   (``BENCH_SERIES_SWEEP``, default ``100``; empty to skip), each in a fresh
+   namespace and worker. A worker's cost has a per-event part (decode, fold)
+   and a per-series part (a series' share of every batch, its minute close, its
+   checkpoint records); the sweep shows which one bounds the main run.
+
 Writes ``bench/results/throughput.json``. Absolute numbers drift on shared
 machines; the ratio to the ceiling is the figure to compare across runs.
 ``BENCH_PROFILE=out.txt`` records the worker with py-spy (raw format).
@@ -51,6 +57,7 @@ PER_MS = 100
 LATENESS_MS = 120_000
 PER_MESSAGE = 200
 PARTITIONS = 4
+SWEEP = [int(x) for x in os.environ.get("BENCH_SERIES_SWEEP", "100").split(",") if x.strip()]
 
 
 def series_fields(s: int, series: int) -> dict[str, str]:
@@ -317,6 +324,27 @@ def main() -> None:
     print(f"ceiling: {ceil_eps:,.0f} events/s", flush=True)
     w = run_worker(prefix, f"bench-{tag}", EVENTS)
     eps = EVENTS / w["seconds"]
+    sweep = []
+    for n_series in SWEEP:
+        sweep_tag = uuid.uuid4().hex[:8]
+        sweep_prefix = f"bench{sweep_tag}."
+        create_topics(BROKER, catalogue(PARTITIONS, prefix=sweep_prefix))
+        sweep_msgs = make_messages(EVENTS, n_series)
+        preload(sweep_prefix + "tailguard.inference", sweep_msgs)
+        sw = run_worker(sweep_prefix, f"bench-{sweep_tag}", EVENTS)
+        sweep_eps = EVENTS / sw["seconds"]
+        print(f"{n_series} series: {sweep_eps:,.0f} events/s", flush=True)
+        sweep.append(
+            {
+                "series": n_series,
+                "events_per_s": round(sweep_eps),
+                "ratio": round(sweep_eps / ceil_eps, 4),
+                "seconds": round(sw["seconds"], 2),
+                "close_minute_s": round(sw["seconds"] - sw["applied_s"], 2),
+                "series_seen": sw["series_seen"],
+                "peak_rss_mib": sw["peak_rss_mib"],
+            }
+        )
     print("replaying the series state in-process (bench.memory)", flush=True)
     state = replay(EVENTS, SERIES, PARTITIONS)
     result = {
@@ -343,6 +371,7 @@ def main() -> None:
         "rss_peak_after_ready_s": w["rss_peak_at_s"],
         "rss_timeline_s_mib": w["rss_timeline"],
         "memory_probe_at_peak": w["probe"],
+        "series_sweep": sweep,
         "series_state": state,
         "bytes_per_series": state["bytes_per_series"],
         "event_time": f"{PER_MS * 1000} requests/s, then one closing request per series",

@@ -36,6 +36,11 @@ class _ReadOffsets(dict[Any, Any]):
         return super().__getitem__(tp)
 
 
+def _kafka_tp(tp: Any) -> _TopicPartition:
+    """aiokafka's own TopicPartition: its seeks refuse faust's TP tuples."""
+    return _TopicPartition(tp.topic, tp.partition)
+
+
 class SeekingConsumer(faust_aiokafka.Consumer):
     """faust's aiokafka consumer, made to deliver each input partition in order.
 
@@ -125,12 +130,10 @@ class SeekingConsumer(faust_aiokafka.Consumer):
         the event loop's thread, racing the fetcher that owns its buffers (seen
         as a ``KeyError`` in ``fetched_records``)."""
         self.order_guard.sought(tp, offset)
-        await self._thread.seek_wait({_TopicPartition(tp.topic, tp.partition): offset})
+        await self._thread.seek_wait({_kafka_tp(tp): offset})
 
     async def seek_to_committed(self) -> Mapping[TP, int]:
-        # aiokafka's own TopicPartition: its seeks refuse faust's TP tuples.
-        tps = [_TopicPartition(tp.topic, tp.partition) for tp in self.assignment()]
-        tps = [tp for tp in tps if self._acking(tp.topic)]
+        tps = [_kafka_tp(tp) for tp in self.assignment() if self._acking(tp.topic)]
         guard = self.order_guard
         guard.resync(list(tps))
         targets: dict[Any, int | None] = dict.fromkeys(tps)
@@ -138,7 +141,7 @@ class SeekingConsumer(faust_aiokafka.Consumer):
             committed: Mapping[Any, Any] = await super().seek_to_committed()
             targets.update(
                 {
-                    _TopicPartition(tp.topic, tp.partition): offset
+                    _kafka_tp(tp): offset
                     for tp, offset in committed.items()
                     if self._acking(tp.topic)
                 }
@@ -187,7 +190,7 @@ class SeekingConsumer(faust_aiokafka.Consumer):
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         self.order_guard.forget(list(revoked))
         for tp in revoked:
-            self._resync_targets.pop(_TopicPartition(tp.topic, tp.partition), None)
+            self._resync_targets.pop(_kafka_tp(tp), None)
         await super().on_partitions_revoked(revoked)
 
 

@@ -28,25 +28,29 @@ client went away mid-response).
 import asyncio
 import collections
 import dataclasses
+import gc
 import logging
 import os
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import aiohttp
 import msgspec
 from aiohttp import web
+from aiohttp.http_writer import StreamWriter
 from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from tailguard import catalogue as cat
 from tailguard.gateway.config import GatewayConfig
+from tailguard.gateway.errors import ClientGone, UpstreamBroken, UpstreamReset, UpstreamUnreachable
 from tailguard.gateway.meter import Measurement, Meter
 from tailguard.gateway.publisher import EventPublisher
 from tailguard.gateway.ratings import rating_payload, response_text, sampled, user_messages
+from tailguard.gateway.relay import Exchange, Head, UpstreamPool
 from tailguard.gateway.releases import DecisionStore, ReleaseFollower
 from tailguard.gateway.routing import Override, Router, Selection
 
@@ -193,6 +197,37 @@ class Rating:
         )
 
 
+#: A client write buffer above this pauses reading the upstream until it is under LOW_WATER.
+HIGH_WATER: Final = 1024 * 1024
+LOW_WATER: Final = 256 * 1024
+
+
+def _relay(
+    transport: asyncio.Transport | None,
+    chunked: bool,
+    ex: Exchange,
+    meter: Meter,
+    watch: "_Watch",
+    rating: Rating | None,
+) -> Callable[[bytes, float], None]:
+    """The sink of one streamed response: each upstream read goes to the client's socket
+    at once (one chunk frame when the response is chunked), then to the meter."""
+
+    def sink(data: bytes, t: float) -> None:
+        watch.last = t
+        if transport is None or transport.is_closing():
+            msg = "the client closed its connection"
+            raise ClientGone(msg)
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if chunked else data)
+        meter.feed(data, t)
+        if rating is not None:
+            rating.feed(data, streaming=True)
+        if transport.get_write_buffer_size() > HIGH_WATER:
+            ex.pause_until_drained(transport, LOW_WATER)
+
+    return sink
+
+
 class _Watch:
     """When a request last heard from its upstream (read by the idle watchdog)."""
 
@@ -256,6 +291,8 @@ class Gateway:
         #: Clients gone before their request body arrived (no upstream call, no event).
         self.aborted = 0
         self._sessions: dict[str, aiohttp.ClientSession] = {}
+        #: The measured path's upstream connections, one pool per upstream URL.
+        self._pools: dict[str, UpstreamPool] = {}
         self._watches: set[_Watch] = set()
         self._watchdog: asyncio.Task[None] | None = None
         self._bases = {name: url.rstrip("/") for name, url in config.upstreams.items()}
@@ -298,6 +335,8 @@ class Gateway:
             self._watchdog.cancel()
         for s in self._sessions.values():
             await s.close()
+        for pool in self._pools.values():
+            pool.close()
         loop = asyncio.get_running_loop()
         if self.follower is not None:
             await loop.run_in_executor(None, self.follower.close)
@@ -310,6 +349,8 @@ class Gateway:
         limit = self.config.upstream_read_timeout_s
         while True:
             await asyncio.sleep(min(1.0, limit / 4))
+            for pool in self._pools.values():
+                pool.reap()
             now = time.perf_counter()
             for w in list(self._watches):
                 if not w.expired and now - w.last > limit:
@@ -322,6 +363,22 @@ class Gateway:
         if base.endswith("/v1") and path_qs.startswith("/v1"):
             base = base[:-3]
         return base + path_qs
+
+    def _pool(self, upstream: str) -> UpstreamPool:
+        base = self._bases[upstream]
+        pool = self._pools.get(base)
+        if pool is None:
+            pool = UpstreamPool(base, connect_timeout_s=self.config.upstream_connect_timeout_s)
+            self._pools[base] = pool
+        return pool
+
+    @staticmethod
+    def _head_headers(head: Head) -> CIMultiDict[str]:
+        out: CIMultiDict[str] = CIMultiDict()
+        for k, v in head.headers:
+            if k.lower() not in _HOP_BY_HOP:
+                out.add(k, v)
+        return out
 
     @staticmethod
     def _forward_headers(request: web.Request) -> CIMultiDict[str]:
@@ -382,41 +439,55 @@ class Gateway:
         status, error_type, http_status = "error", None, 502
         out: web.StreamResponse | None = None
         model = info.model
+        pool = self._pool(upstream)
+        ex: Exchange | None = None
         try:
-            async with self._sessions[upstream].request(
-                request.method, self._url(upstream, request.path_qs), data=body, headers=headers
-            ) as resp:
-                http_status = resp.status
-                streaming = resp.content_type == "text/event-stream"
-                meter.streaming = streaming
-                rheaders = self._response_headers(resp)
-                if route is not None:
-                    rheaders["x-tailguard-experiment"] = route.experiment
-                    rheaders["x-tailguard-arm"] = route.served
-                if streaming:
-                    out = web.StreamResponse(status=resp.status, headers=rheaders)
-                    await out.prepare(request)
-                    async for data in resp.content.iter_any():
-                        t = time.perf_counter()
-                        watch.last = t
-                        await out.write(data)
-                        meter.feed(data, t)
-                        if rating is not None:
-                            rating.feed(data, streaming=True)
-                    await out.write_eof()
-                else:
-                    data = await resp.read()
-                    meter.feed(data, time.perf_counter())
-                    if rating is not None:
-                        rating.feed(data, streaming=False)
-                    out = web.Response(status=resp.status, body=data, headers=rheaders)
+            ex = await pool.request(
+                request.method, pool.target(request.path_qs), headers.items(), body
+            )
+            head = await ex.head()
+            http_status = head.status
+            streaming = head.content_type == "text/event-stream"
+            meter.streaming = streaming
+            rheaders = self._head_headers(head)
+            if route is not None:
+                rheaders["x-tailguard-experiment"] = route.experiment
+                rheaders["x-tailguard-arm"] = route.served
+            if streaming:
+                out = web.StreamResponse(status=head.status, headers=rheaders)
+                writer = await out.prepare(request)
+                assert isinstance(writer, StreamWriter)
+                # The relay writes the body to the socket itself, so the head must be out
+                # first: aiohttp ≥ 3.10 holds it back to send with the first write.
+                send_headers = getattr(writer, "send_headers", None)
+                if send_headers is not None:
+                    send_headers()
+                ex.stream(_relay(request.transport, writer.chunked, ex, meter, watch, rating))
+                await ex.finished()
+                await out.write_eof()
+            else:
+                data = await ex.read()
+                meter.feed(data, time.perf_counter())
+                if rating is not None:
+                    rating.feed(data, streaming=False)
+                out = web.Response(status=head.status, body=data, headers=rheaders)
             status, error_type = self._status(http_status)
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
+        except (ClientGone, ConnectionResetError) as exc:
             if out is not None and out.prepared:
                 status, error_type = "cancelled", "client_disconnected"
             else:
                 status, error_type = "error", "upstream_reset"
                 out = self._fail(502, f"upstream connection reset: {exc}")
+        except UpstreamReset as exc:
+            status, error_type = "error", "upstream_reset"
+            out = self._fail(502, str(exc))
+        except UpstreamBroken as exc:
+            status, error_type = "error", "upstream_payload"
+            if out is None or not out.prepared:
+                out = self._fail(502, str(exc))
+        except UpstreamUnreachable as exc:
+            status, error_type = "error", "upstream_unreachable"
+            out = self._fail(502, f"upstream {upstream} unreachable: {exc}")
         except asyncio.CancelledError:
             if not watch.expired:  # the client went away (aiohttp cancels its handler)
                 self._watches.discard(watch)
@@ -433,13 +504,9 @@ class Gateway:
             status, error_type = "timeout", "upstream_timeout"
             if out is None or not out.prepared:
                 out = self._fail(504, "upstream did not answer in time")
-        except aiohttp.ClientPayloadError as exc:
-            status, error_type = "error", "upstream_payload"
-            if out is None or not out.prepared:
-                out = self._fail(502, f"upstream response broken: {exc}")
-        except aiohttp.ClientError as exc:
-            status, error_type = "error", "upstream_unreachable"
-            out = self._fail(502, f"upstream {upstream} unreachable: {exc}")
+        finally:
+            if ex is not None:
+                ex.close()
         self._watches.discard(watch)
         self._record(ts_ms, model, status, error_type, meter, selection, headers_in, unit,
                      session, trace_id, upstream, http_status, event_id, rating)  # fmt: skip
@@ -640,6 +707,7 @@ def run_gateway(config: GatewayConfig, *, loglevel: str = "info") -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     gw = Gateway(config)
+    gw.app.on_startup.append(_freeze_heap)
     log.warning(
         "tailguard gateway on http://%s:%d (upstreams %s; events → %s%s at %s; state %s; pid %d)",
         config.host,
@@ -656,6 +724,18 @@ def run_gateway(config: GatewayConfig, *, loglevel: str = "info") -> int:
         shutdown_timeout=10.0, loop=new_event_loop(),
     )  # fmt: skip
     return 0
+
+
+async def _freeze_heap(_app: web.Application) -> None:
+    """Move everything alive after start-up out of the garbage collector's sight.
+
+    A full collection walks every tracked object, and the gateway's ~54,000 from its
+    imports took 40 ms a walk (measured with ``gc.callbacks``) — every stream's chunk
+    waiting behind it. Frozen, they are never walked again; what the requests allocate
+    is freed by reference counting (the relay leaves no cycles: see
+    ``tests/unit/gateway/test_relay.py``), so collections stay short."""
+    gc.collect()
+    gc.freeze()
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

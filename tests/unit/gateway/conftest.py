@@ -1,6 +1,10 @@
-"""Doubles for the gateway unit tests: an in-memory confluent-kafka Producer (logic only)."""
+"""Doubles for the gateway unit tests: an in-memory confluent-kafka Producer (logic only),
+and a raw asyncio HTTP server for upstreams the simulator does not play."""
 
+import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,3 +53,34 @@ class FakeProducer:
 @pytest.fixture
 def producer() -> FakeProducer:
     return FakeProducer()
+
+
+RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def raw_server(handler: RawHandler) -> AsyncIterator[int]:
+    """A local TCP server whose connections ``handler`` serves; yields its port. On exit
+    every connection is closed and every handler ended (no socket outlives the loop)."""
+    tasks: set[asyncio.Task[Any]] = set()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.add(task)
+        try:
+            await handler(reader, writer)
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -49,10 +49,12 @@ from tailguard.agents.telemetry import SEVERITY_LEVEL, Telemetry, label_value
 __all__ = [
     "CONTENT_TYPE",
     "COUNTERS",
+    "GUARD_COUNTERS",
     "Collected",
     "TelemetryCollector",
     "consumer_lag",
     "make_registry",
+    "order_guard_counts",
     "render",
 ]
 
@@ -103,6 +105,27 @@ _RATIOS = {
 }
 
 LagSource = Callable[[], list[dict[str, Any]]]
+#: The in-order guard's counters (:class:`tailguard.agents.offsets.InOrderGuard`).
+GuardSource = Callable[[], dict[str, int]]
+
+#: Guard counter → (metric name without ``_total``, help).
+GUARD_COUNTERS: dict[str, tuple[str, str]] = {
+    "dropped": (
+        "tailguard_consumer_stale_records_dropped",
+        "Records fetched before a rebalance seek and dropped: the log is read again from "
+        "the committed offset. Steady growth means frequent rebalances.",
+    ),
+    "holes": (
+        "tailguard_consumer_holes_reread",
+        "Times a partition's records skipped offsets and the consumer sought back to read "
+        "the missing ones.",
+    ),
+    "gaps": (
+        "tailguard_consumer_gaps_acknowledged",
+        "Offset gaps found again right after a seek back and acknowledged as absent from "
+        "the log (transaction markers, compaction, retention).",
+    ),
+}
 
 
 def _finite(value: Any) -> TypeGuard[float]:
@@ -112,9 +135,15 @@ def _finite(value: Any) -> TypeGuard[float]:
 class TelemetryCollector(Collector):
     """Collects every ``tailguard_*`` family at scrape time."""
 
-    def __init__(self, telemetry: Telemetry, lag: LagSource | None = None) -> None:
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        lag: LagSource | None = None,
+        guard: GuardSource | None = None,
+    ) -> None:
         self.telemetry = telemetry
         self.lag = lag or (lambda: [])
+        self.guard = guard or (lambda: {})
 
     def collect(self) -> Iterator[Metric]:
         t = self.telemetry
@@ -123,6 +152,7 @@ class TelemetryCollector(Collector):
         yield from self._breach_families(t)
         yield from self._counter_families(t)
         yield from self._lag_families()
+        yield from self._guard_families()
         info = InfoMetricFamily("tailguard_worker", "The worker process.", labels=["source"])
         info.add_metric([t.source], {"max_series": str(t.max_series)})
         yield info
@@ -312,6 +342,26 @@ class TelemetryCollector(Collector):
                 lag.add_metric(labels, row["lag"])
         yield from (lag, high, committed)
 
+    def _guard_families(self) -> Iterator[Metric]:
+        counts = self.guard()
+        for key, (name, help_) in GUARD_COUNTERS.items():
+            fam = CounterMetricFamily(name, help_)
+            fam.add_metric([], counts.get(key, 0))
+            yield fam
+
+
+def order_guard_counts(app: Any) -> dict[str, int]:
+    """The worker consumer's in-order guard counters (empty before the consumer starts)."""
+    from faust.exceptions import ConsumerNotStarted
+
+    try:
+        guard = getattr(app.consumer, "order_guard", None)
+    except ConsumerNotStarted:
+        return {}
+    if guard is None:
+        return {}
+    return {"dropped": guard.dropped, "holes": guard.holes, "gaps": guard.gaps}
+
 
 def consumer_lag(app: Any) -> list[dict[str, Any]]:
     """Highwater, committed offset and lag of each input partition the worker's consumer holds.
@@ -356,10 +406,12 @@ def consumer_lag(app: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def make_registry(telemetry: Telemetry, lag: LagSource | None = None) -> CollectorRegistry:
+def make_registry(
+    telemetry: Telemetry, lag: LagSource | None = None, guard: GuardSource | None = None
+) -> CollectorRegistry:
     """A registry with the tailguard collector and the process collector (RSS, CPU, fds)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TelemetryCollector(telemetry, lag))
+    registry.register(TelemetryCollector(telemetry, lag, guard))
     ProcessCollector(registry=registry)
     return registry
 

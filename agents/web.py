@@ -25,6 +25,7 @@ from tailguard.agents.metrics import (
     Collected,
     consumer_lag,
     make_registry,
+    order_guard_counts,
     render,
 )
 from tailguard.agents.telemetry import Telemetry
@@ -55,7 +56,7 @@ def _limit(request: Any, default: int = 200) -> int:
 
 def register_web(app: faust.App, telemetry: Telemetry) -> None:
     """Add ``/metrics``, ``/dashboard`` and ``/dashboard/state`` to the app's web server."""
-    registry = make_registry(telemetry, lambda: consumer_lag(app))
+    registry = make_registry(telemetry, lambda: consumer_lag(app), lambda: order_guard_counts(app))
     page = dashboard_html()
     no_store = {"Cache-Control": "no-store"}
 

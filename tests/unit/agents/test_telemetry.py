@@ -4,13 +4,15 @@ import json
 import math
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tailguard.agents import telemetry as telemetry_module
 from tailguard.agents.internal import partition_for, series_key
-from tailguard.agents.metrics import make_registry, render
+from tailguard.agents.metrics import make_registry, order_guard_counts, render
+from tailguard.agents.offsets import InOrderGuard, VerdictKind
 from tailguard.agents.settings import Settings
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.telemetry import MAX_LABEL_CHARS, Telemetry
@@ -159,6 +161,24 @@ def test_worker_counters_dead_letters_and_lag_are_exported() -> None:
     (lagged,) = fams["tailguard_consumer_lag_messages"].samples
     assert lagged.labels == {"topic": "tailguard.inference", "partition": "1"}
     assert lagged.value == 50
+
+
+TP = ("tailguard.inference", 0)
+
+
+def test_the_in_order_guards_counters_are_exported() -> None:
+    """Rebalance churn shows on /metrics: records re-read after a seek, holes, gaps."""
+    guard = InOrderGuard()
+    guard.sought(TP, 10)
+    assert guard.admit(TP, 5).kind is VerdictKind.DROP  # fetched before the seek
+    assert guard.admit(TP, 12).kind is VerdictKind.SEEK  # a hole: 10 and 11 are missing
+    app = SimpleNamespace(consumer=SimpleNamespace(order_guard=guard))  # what the worker reads
+    text = render(make_registry(Telemetry(), guard=lambda: order_guard_counts(app))).decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert fams["tailguard_consumer_stale_records_dropped"].samples[0].value == 1
+    assert fams["tailguard_consumer_holes_reread"].samples[0].value == 1
+    assert fams["tailguard_consumer_gaps_acknowledged"].samples[0].value == 0
+    assert "# TYPE tailguard_consumer_holes_reread_total counter" in text
 
 
 def test_metric_names_follow_prometheus_conventions() -> None:

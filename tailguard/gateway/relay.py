@@ -15,11 +15,14 @@ no task switch::
 every framing HTTP/1.1 allows — ``Transfer-Encoding: chunked`` with extensions
 and trailers, ``Content-Length``, close-delimited, informational 1xx heads —
 split across reads anywhere. :class:`UpstreamPool` keeps keep-alive connections
-to one upstream (most recently used first; idle ones are closed after
-``idle_timeout_s``, under uvicorn's 5 s keep-alive, so vLLM never closes one we
-are about to reuse) and retries a request once on a fresh connection when a
-*reused* connection dies before the first byte of its response — the race
-every keep-alive client has with a server closing an idle connection.
+to one upstream (most recently used first; one is closed once idle for
+``idle_timeout_s`` since its response ended, well under uvicorn's 5 s
+keep-alive, so vLLM rarely closes one we are about to reuse). When a *reused*
+connection dies before the first byte of its response — the race every
+keep-alive client has with a server closing an idle connection — the request is
+sent again on a fresh connection only if it may be replayed (RFC 9112 §9.3.1:
+an idempotent method, or an ``Idempotency-Key`` header); a completion request
+is a POST, and the upstream may already be generating it, so it is not.
 
 Errors (all :class:`~tailguard.gateway.errors.UpstreamError`): could not connect
 or closed before answering → :class:`UpstreamUnreachable`; reset before
@@ -29,6 +32,7 @@ answering → :class:`UpstreamReset`; a response that breaks off or does not par
 """
 
 import asyncio
+import re
 import ssl
 import time
 import urllib.parse
@@ -84,6 +88,12 @@ class Head:
         return {t.strip().lower() for t in (self.get(name) or "").split(",") if t.strip()}
 
 
+#: A header name (RFC 9110 §5.6.2 token) and the characters a value must not hold
+#: (controls other than tab: a bare CR or LF would smuggle a header downstream).
+_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_CONTROL: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
 def _parse_head(raw: bytes) -> Head:
     lines = raw.split(b"\r\n")
     parts = lines[0].split(b" ", 2)
@@ -97,8 +107,11 @@ def _parse_head(raw: bytes) -> Head:
     headers: list[tuple[str, str]] = []
     for line in lines[1:]:
         name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip() or line[:1] in (b" ", b"\t"):
+        if not sep or not _TOKEN.fullmatch(name):
             msg = f"bad header line {line[:80]!r}"
+            raise ProtocolError(msg)
+        if _CONTROL.search(value):  # RFC 9112 §5.5: CR, LF, NUL … inside a value
+            msg = f"control character in header {name[:40]!r}"
             raise ProtocolError(msg)
         headers.append((name.decode("latin-1"), value.strip().decode("utf-8", "surrogateescape")))
     reason = parts[2].decode("latin-1") if len(parts) > 2 else ""
@@ -276,7 +289,12 @@ def _consume(fut: "asyncio.Future[Any]") -> None:
 
 
 class _Stale(UpstreamError):
-    """A reused connection closed before the first byte of its response: retry once."""
+    """A reused connection closed before the first byte of a replayable request's
+    response: send it again on a fresh connection."""
+
+
+#: Methods RFC 9110 §9.2.2 calls idempotent: safe to send again.
+IDEMPOTENT: Final = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS", "TRACE"})
 
 
 class Exchange:
@@ -288,12 +306,16 @@ class Exchange:
     any other.
     """
 
-    __slots__ = ("_conn", "_done", "_drain", "_head", "_held", "_sink", "parser")
+    __slots__ = ("_conn", "_done", "_drain", "_head", "_held", "_sink", "parser", "replayable")
 
-    def __init__(self, conn: "_Connection", parser: ResponseParser) -> None:
+    def __init__(
+        self, conn: "_Connection", parser: ResponseParser, *, replayable: bool = False
+    ) -> None:
         loop = asyncio.get_running_loop()
         self._conn = conn
         self.parser = parser
+        #: May be sent again if a reused connection dies before answering.
+        self.replayable = replayable
         self._head: asyncio.Future[Head] = loop.create_future()
         self._done: asyncio.Future[None] = loop.create_future()
         self._head.add_done_callback(_consume)
@@ -344,6 +366,7 @@ class Exchange:
             self._conn.transport.resume_reading()
 
     def close(self) -> None:
+        paused = self._drain is not None  # reading stopped for back-pressure: never pool it
         if self._drain is not None:
             self._drain.cancel()
             self._drain = None
@@ -355,7 +378,7 @@ class Exchange:
         if conn.exchange is not self:
             return
         conn.exchange = None
-        if self.parser.complete and self.parser.keep_alive and not conn.closed:
+        if self.parser.complete and self.parser.keep_alive and not conn.closed and not paused:
             conn.pool._release(conn)
         else:
             conn.close()
@@ -384,8 +407,11 @@ class Exchange:
     def _maybe_done(self) -> None:
         # Done once the body is complete *and* handed to a sink (a read held for a sink
         # not attached yet may still fail in it).
-        if self.parser.complete and self._sink is not None and not self._done.done():
-            self._done.set_result(None)
+        if self.parser.complete:
+            if not self._conn.idle_since:
+                self._conn.idle_since = time.monotonic()  # the upstream's keep-alive starts now
+            if self._sink is not None and not self._done.done():
+                self._done.set_result(None)
 
     def _deliver(self, body: bytes, t: float) -> bool:
         assert self._sink is not None
@@ -400,11 +426,21 @@ class Exchange:
         if self._done.done():
             return
         parser = self.parser
+        if exc is not None and parser.head is not None and not parser.complete:
+            # Also for a close-delimited body: a reset is not its end.
+            self._fail(UpstreamBroken(f"upstream connection lost mid-response: {exc}"))
+            return
         try:
             parser.eof()
         except ProtocolError as err:
-            if not parser.received and self._conn.reused:
+            if not parser.received and self._conn.reused and self.replayable:
                 self._fail(_Stale(str(err)))
+            elif not parser.received and self._conn.reused:
+                msg = (
+                    "upstream closed a kept-alive connection before answering; not sent "
+                    "again, as it may have started on it (no Idempotency-Key)"
+                )
+                self._fail(UpstreamUnreachable(msg))
             elif not parser.received and isinstance(exc, ConnectionResetError):
                 self._fail(UpstreamReset(f"upstream reset the connection: {exc}"))
             elif not parser.received:
@@ -468,7 +504,7 @@ class UpstreamPool:
     http://vllm:8000/v1``)."""
 
     def __init__(
-        self, url: str, *, connect_timeout_s: float = 10.0, idle_timeout_s: float = 4.0
+        self, url: str, *, connect_timeout_s: float = 10.0, idle_timeout_s: float = 2.0
     ) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -512,11 +548,14 @@ class UpstreamPool:
         self, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes
     ) -> Exchange:
         """Send one request; returns its exchange once the response head is in."""
+        headers = list(headers)
         raw = self.encode_request(method, target, headers, body)
-        head_request = method.upper() == "HEAD"
+        verb = method.upper()
+        head_request = verb == "HEAD"
+        replayable = verb in IDEMPOTENT or any(k.lower() == "idempotency-key" for k, _ in headers)
         conn = self._take_idle()
         if conn is not None:
-            ex = self._start(conn, raw, head_request)
+            ex = self._start(conn, raw, head_request, replayable)
             try:
                 await ex.head()
             except _Stale:
@@ -528,7 +567,7 @@ class UpstreamPool:
             else:
                 return ex
         conn = await self._connect()
-        ex = self._start(conn, raw, head_request)
+        ex = self._start(conn, raw, head_request, replayable)
         try:
             await ex.head()
         except BaseException:
@@ -536,9 +575,12 @@ class UpstreamPool:
             raise
         return ex
 
-    def _start(self, conn: _Connection, raw: bytes, head_request: bool) -> Exchange:
-        ex = Exchange(conn, ResponseParser(head_request=head_request))
+    def _start(
+        self, conn: _Connection, raw: bytes, head_request: bool, replayable: bool
+    ) -> Exchange:
+        ex = Exchange(conn, ResponseParser(head_request=head_request), replayable=replayable)
         conn.exchange = ex
+        conn.idle_since = 0.0
         assert conn.transport is not None
         conn.transport.write(raw)
         return ex
@@ -575,7 +617,8 @@ class UpstreamPool:
         return conn
 
     def _release(self, conn: _Connection) -> None:
-        conn.idle_since = time.monotonic()
+        if not conn.idle_since:
+            conn.idle_since = time.monotonic()
         self._idle.append(conn)
 
     def _forget(self, conn: _Connection) -> None:

@@ -504,6 +504,11 @@ class Gateway:
             status, error_type = "timeout", "upstream_timeout"
             if out is None or not out.prepared:
                 out = self._fail(504, "upstream did not answer in time")
+        except Exception as exc:  # unforeseen (a bug): the request still gets its event
+            log.exception("tailguard gateway: %s %s failed", request.method, request.path)
+            status, error_type = "error", "gateway_error"
+            if out is None or not out.prepared:
+                out = self._fail(502, f"gateway error: {type(exc).__name__}")
         finally:
             if ex is not None:
                 ex.close()

@@ -1,6 +1,7 @@
 """The proxy end to end in one event loop: simulated upstream, gateway, in-memory producer."""
 
 import asyncio
+import contextlib
 import gc
 import json
 import time
@@ -14,6 +15,7 @@ from aiohttp.test_utils import TestServer
 from tailguard.schemas import decode
 
 from tailguard.gateway.config import GatewayConfig, Routing, canary_routing
+from tailguard.gateway.meter import Meter
 from tailguard.gateway.publisher import EventPublisher
 from tailguard.gateway.routing import Override
 from tailguard.gateway.server import Gateway
@@ -321,3 +323,26 @@ def test_a_slow_client_pauses_the_upstream_instead_of_buffering_the_stream(
     assert got["pauses"] >= 1 and got["size"] == n * len(piece)
     (e,) = events(gw, producer)
     assert e["status"] == "ok"
+
+
+def test_an_unforeseen_failure_still_records_an_event_and_frees_the_request(
+    tmp_path: Path, producer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(_self: Meter, _data: bytes, _t: float) -> None:
+        msg = "a bug in the meter"
+        raise RuntimeError(msg)
+
+    monkeypatch.setattr(Meter, "feed", broken)
+    got: dict[str, Any] = {}
+
+    async def scenario(base: str, gw: Gateway, http: aiohttp.ClientSession) -> None:
+        hdr = {"x-sim-ttft-ms": "1", "x-sim-itl-ms": "1", "x-sim-tokens": "2"}
+        with contextlib.suppress(aiohttp.ClientPayloadError):  # the stream was cut short
+            async with http.post(f"{base}/v1/chat/completions", json=BODY, headers=hdr) as r:
+                await r.read()
+        got["watches"] = len(gw._watches)
+
+    gw = run(tmp_path, producer, scenario, canary=False)
+    (e,) = events(gw, producer)
+    assert (e["status"], e["error_type"]) == ("error", "gateway_error")
+    assert got["watches"] == 0

@@ -211,8 +211,8 @@ def register_capacity(
     import os
 
     tune = tuning or CapacityTuning.from_json(os.environ.get("TAILGUARD_CAPACITY", ""))
-    internal = internal_topic(app, settings, settings.topic_prefix + CAPACITY_INTERNAL)
     internal_name = settings.topic_prefix + CAPACITY_INTERNAL
+    internal = internal_topic(app, settings, internal_name)
     precreate_topics(settings, [internal_name], [CAPACITY_TABLE])
     table = app.Table(
         CAPACITY_TABLE,

@@ -348,6 +348,11 @@ class Exchange:
         await self.finished()
         return b"".join(parts)
 
+    @property
+    def paused(self) -> bool:
+        """Reading the upstream is paused until the client's socket drains."""
+        return self._drain is not None
+
     def pause_until_drained(self, transport: asyncio.BaseTransport, low_water: int) -> None:
         """Stop reading the upstream until ``transport``'s write buffer is under ``low_water``."""
         if self._drain is not None or self._conn.transport is None:

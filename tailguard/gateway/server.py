@@ -231,12 +231,14 @@ def _relay(
 class _Watch:
     """When a request last heard from its upstream (read by the idle watchdog)."""
 
-    __slots__ = ("expired", "last", "task")
+    __slots__ = ("exchange", "expired", "last", "task")
 
     def __init__(self, last: float, task: "asyncio.Task[Any]") -> None:
         self.last = last
         self.task = task
         self.expired = False
+        #: The upstream exchange once the request is sent (paused: waiting for the client).
+        self.exchange: Exchange | None = None
 
 
 class Gateway:
@@ -353,6 +355,9 @@ class Gateway:
                 pool.reap()
             now = time.perf_counter()
             for w in list(self._watches):
+                if w.exchange is not None and w.exchange.paused:
+                    w.last = now  # waiting for a slow client, not for the upstream
+                    continue
                 if not w.expired and now - w.last > limit:
                     w.expired = True
                     w.task.cancel()
@@ -445,6 +450,7 @@ class Gateway:
             ex = await pool.request(
                 request.method, pool.target(request.path_qs), headers.items(), body
             )
+            watch.exchange = ex
             head = await ex.head()
             http_status = head.status
             streaming = head.content_type == "text/event-stream"

@@ -194,7 +194,10 @@ def test_an_upstream_that_goes_quiet_is_a_timeout(tmp_path: Path, producer: Any)
 
 
 # -- upstreams the simulator does not play: raw sockets ------------------------------
-def run_raw(tmp_path: Path, producer: Any, handler: RawHandler, scenario: Scenario) -> Gateway:
+def run_raw(
+    tmp_path: Path, producer: Any, handler: RawHandler, scenario: Scenario,
+    *, read_timeout_s: float = 300.0,
+) -> Gateway:  # fmt: skip
     """Like :func:`run`, with the primary upstream a raw asyncio server served by ``handler``."""
 
     async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -208,6 +211,7 @@ def run_raw(tmp_path: Path, producer: Any, handler: RawHandler, scenario: Scenar
                 routing=Routing(),
                 state_file=tmp_path / "state.json",
                 follow_releases=False,
+                upstream_read_timeout_s=read_timeout_s,
             )
             return await _through_gateway(config, producer, scenario)
 
@@ -319,7 +323,9 @@ def test_a_slow_client_pauses_the_upstream_instead_of_buffering_the_stream(
             got["pauses"] = sum(p.pauses for p in gw._pools.values())
             got["size"] = len(await r.read())
 
-    gw = run_raw(tmp_path, producer, upstream, scenario)
+    # The client stalls for longer than the upstream read timeout: time spent waiting
+    # for the client is not the upstream going quiet.
+    gw = run_raw(tmp_path, producer, upstream, scenario, read_timeout_s=0.4)
     assert got["pauses"] >= 1 and got["size"] == n * len(piece)
     (e,) = events(gw, producer)
     assert e["status"] == "ok"

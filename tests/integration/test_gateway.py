@@ -177,9 +177,29 @@ def test_openai_client_streaming_through_the_gateway_is_measured_within_5ms(
                 stamps.append(int(extra["tg_sent_ns"]))
             received = int(extra.get("tg_received_ns", received))
         sent[unit] = [received, *stamps]  # request arrival at the upstream, the 8 tokens
+    # The other two shapes through the same relay: a whole JSON answer, and the legacy
+    # completions endpoint streamed.
+    whole = client.chat.completions.create(
+        model="llama-3.1-8b-instruct",
+        messages=[{"role": "user", "content": "Say eight tokens."}],
+        user="plain-0",
+    )
+    assert whole.usage is not None and whole.usage.completion_tokens == 8
+    assert whole.choices[0].message.content == "".join(f"tok{i} " for i in range(8))
+    legacy = client.completions.create(
+        model="llama-3.1-8b-instruct", prompt="Say eight tokens.", stream=True, user="legacy-0"
+    )
+    assert "".join(c.choices[0].text for c in legacy if c.choices) == "".join(
+        f"tok{i} " for i in range(8)
+    )
     inference = collector("tailguard.inference")
-    inference.wait_for(lambda r: len(events_of(r)) >= 8, timeout=30)
+    inference.wait_for(lambda r: len(events_of(r)) >= 10, timeout=30)
     events = {e["unit_id"]: e for e in events_of(inference.records)}
+    plain, streamed = events["plain-0"], events["legacy-0"]
+    assert plain["status"] == "ok" and plain["output_tokens"] == 8 and "itl_ms" not in plain
+    assert plain["ttft_ms"] == plain["e2e_ms"] >= 119.0 + sum(gaps)
+    assert streamed["status"] == "ok" and streamed["output_tokens"] == 8
+    assert len(streamed["itl_ms"]) == 7
     ttft_diffs: list[float] = []
     gap_diffs: list[float] = []
     for i in range(2, 8):  # the first two requests pay for connections and imports

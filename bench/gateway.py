@@ -278,6 +278,7 @@ def main() -> None:
     result = {
         "streams": args.streams,
         "seconds_per_phase": args.seconds,
+        "warm_up_s": args.warm_s,
         "rounds": args.rounds,
         "upstream": {"ttft_ms": args.ttft_ms, "itl_ms": args.itl_ms, "tokens": args.tokens},
         "requests": {name: summary[name]["ttft_ms"]["n"] for name in summary},

@@ -709,6 +709,19 @@ class _Metrics:
             if o.decision in ("rollback", "promote"):
                 overrides.add_metric([exp, o.decision, o.arm or ""], 1.0)
         yield overrides
+        names = {url: name for name, url in gw._bases.items()}
+        for attr, name, help_ in (
+            ("connects", "upstream_connections_opened",
+             "Connections the measured path opened to each upstream (keep-alive churn)."),
+            ("retries", "upstream_resends",
+             "Replayable requests sent again after a reused connection died unanswered."),
+            ("pauses", "upstream_backpressure_pauses",
+             "Times a slow client paused reading its upstream response."),
+        ):  # fmt: skip
+            fam = CounterMetricFamily(f"tailguard_gateway_{name}", help_, labels=["upstream"])
+            for url, pool in sorted(gw._pools.items()):
+                fam.add_metric([names.get(url, url)], getattr(pool, attr))
+            yield fam
 
 
 def run_gateway(config: GatewayConfig, *, loglevel: str = "info") -> int:

@@ -322,11 +322,21 @@ def test_a_slow_client_pauses_the_upstream_instead_of_buffering_the_stream(
             await asyncio.sleep(1.0)  # not reading: the gateway's write buffer fills
             got["pauses"] = sum(p.pauses for p in gw._pools.values())
             got["size"] = len(await r.read())
+        async with http.get(f"{base}/gateway/metrics") as r:
+            got["metrics"] = await r.text()
 
     # The client stalls for longer than the upstream read timeout: time spent waiting
     # for the client is not the upstream going quiet.
     gw = run_raw(tmp_path, producer, upstream, scenario, read_timeout_s=0.4)
     assert got["pauses"] >= 1 and got["size"] == n * len(piece)
+    assert (
+        'tailguard_gateway_upstream_connections_opened_total{upstream="primary"} 1.0'
+        in (got["metrics"])
+    )
+    assert (
+        'tailguard_gateway_upstream_backpressure_pauses_total{upstream="primary"}'
+        in (got["metrics"])
+    )
     (e,) = events(gw, producer)
     assert e["status"] == "ok"
 

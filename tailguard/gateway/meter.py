@@ -114,6 +114,11 @@ class Meter:
     _error: str | None = None
     bad_events: int = 0
 
+    @property
+    def saw_done(self) -> bool:
+        """The stream's ``data: [DONE]`` went by: the client has the whole answer."""
+        return self._done
+
     def feed(self, data: bytes, t: float) -> None:
         """Bytes of the body as they were read, at clock reading ``t``."""
         if not self.streaming:

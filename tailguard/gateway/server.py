@@ -479,7 +479,11 @@ class Gateway:
                 out = web.Response(status=head.status, body=data, headers=rheaders)
             status, error_type = self._status(http_status)
         except (ClientGone, ConnectionResetError) as exc:
-            if out is not None and out.prepared:
+            if out is not None and out.prepared and meter.saw_done:
+                # The client read ``[DONE]`` and hung up before the last chunk frame (the
+                # openai client does): it had the whole answer.
+                status, error_type = self._status(http_status)
+            elif out is not None and out.prepared:
                 status, error_type = "cancelled", "client_disconnected"
             else:
                 status, error_type = "error", "upstream_reset"
@@ -498,6 +502,8 @@ class Gateway:
             if not watch.expired:  # the client went away (aiohttp cancels its handler)
                 self._watches.discard(watch)
                 status, error_type = "cancelled", "client_disconnected"
+                if meter.saw_done:  # … after ``[DONE]``: it had the whole answer
+                    status, error_type = self._status(http_status)
                 self._record(ts_ms, model, status, error_type, meter, selection, headers_in,
                              unit, session, trace_id, upstream, http_status, event_id,
                              None)  # fmt: skip

@@ -150,6 +150,11 @@ def events_of(records: list[Any]) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------- timing
 
 
+#: Streamed requests in the timing test; the first two warm up. A median over 14 holds
+#: on a loaded 2-core CI machine where one over 6 could be carried by a noisy second.
+REQUESTS = 16
+
+
 def test_openai_client_streaming_through_the_gateway_is_measured_within_5ms(
     namespace: Any, collector: Callable[..., Any], procs: Callable[..., Proc], tmp_path: Path
 ) -> None:
@@ -160,7 +165,7 @@ def test_openai_client_streaming_through_the_gateway_is_measured_within_5ms(
                        "--upstream", up, "--service", "chat")  # fmt: skip
     client = openai.OpenAI(base_url=base + "/v1", api_key="sk-test", max_retries=0)
     sent: dict[str, list[int]] = {}
-    for i in range(8):
+    for i in range(REQUESTS):
         unit = f"user-{i}"
         stream = client.chat.completions.create(
             model="llama-3.1-8b-instruct",
@@ -193,7 +198,7 @@ def test_openai_client_streaming_through_the_gateway_is_measured_within_5ms(
         f"tok{i} " for i in range(8)
     )
     inference = collector("tailguard.inference")
-    inference.wait_for(lambda r: len(events_of(r)) >= 10, timeout=30)
+    inference.wait_for(lambda r: len(events_of(r)) >= REQUESTS + 2, timeout=30)
     events = {e["unit_id"]: e for e in events_of(inference.records)}
     plain, streamed = events["plain-0"], events["legacy-0"]
     assert plain["status"] == "ok" and plain["output_tokens"] == 8 and "itl_ms" not in plain
@@ -202,7 +207,7 @@ def test_openai_client_streaming_through_the_gateway_is_measured_within_5ms(
     assert len(streamed["itl_ms"]) == 7
     ttft_diffs: list[float] = []
     gap_diffs: list[float] = []
-    for i in range(2, 8):  # the first two requests pay for connections and imports
+    for i in range(2, REQUESTS):  # the first two requests pay for connections and imports
         e = events[f"user-{i}"]
         received, *tokens = sent[f"user-{i}"]
         assert e["status"] == "ok" and e["service"] == "chat"
@@ -222,7 +227,8 @@ def test_openai_client_streaming_through_the_gateway_is_measured_within_5ms(
           f"ms, worst {max(gap_diffs):.2f} ms", flush=True)  # fmt: skip
     # The median, not the worst: on a shared 2-core machine one descheduled sample
     # of the gateway or the upstream process says nothing about the measurement.
-    assert statistics.median(ttft_diffs) <= 5.0 and statistics.median(gap_diffs) <= 5.0
+    assert statistics.median(ttft_diffs) <= 5.0, sorted(ttft_diffs)
+    assert statistics.median(gap_diffs) <= 5.0, sorted(gap_diffs)
     state = get_json(base + "/gateway/state")
     assert state["publisher"]["published"] >= 8 and state["publisher"]["dropped"] == 0
     gw.stop()

@@ -362,3 +362,30 @@ def test_an_unforeseen_failure_still_records_an_event_and_frees_the_request(
     (e,) = events(gw, producer)
     assert (e["status"], e["error_type"]) == ("error", "gateway_error")
     assert got["watches"] == 0
+
+
+def test_a_client_hanging_up_after_done_is_a_complete_request(
+    tmp_path: Path, producer: Any
+) -> None:
+    """The openai client stops at ``data: [DONE]`` and closes; the upstream's last chunk
+    frame may come after that. The client had the whole answer: ``ok``, not cancelled."""
+
+    async def upstream(_r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")  # fmt: skip
+        for data in (_sse(0), _sse(1), b"data: [DONE]\n\n"):
+            writer.write(b"%x\r\n%b\r\n" % (len(data), data))
+            await writer.drain()
+        await asyncio.sleep(0.3)  # the client has gone by now
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async def scenario(base: str, _gw: Gateway, http: aiohttp.ClientSession) -> None:
+        async with http.post(f"{base}/v1/chat/completions", json=BODY) as r:
+            await r.content.readuntil(b"[DONE]\n\n")
+            r.close()
+        await asyncio.sleep(0.6)
+
+    gw = run_raw(tmp_path, producer, upstream, scenario)
+    (e,) = events(gw, producer)
+    assert (e["status"], e["output_tokens"]) == ("ok", 2)

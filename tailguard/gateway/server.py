@@ -33,7 +33,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 import aiohttp
@@ -50,7 +50,7 @@ from tailguard.gateway.errors import ClientGone, UpstreamBroken, UpstreamReset, 
 from tailguard.gateway.meter import Measurement, Meter
 from tailguard.gateway.publisher import EventPublisher
 from tailguard.gateway.ratings import rating_payload, response_text, sampled, user_messages
-from tailguard.gateway.relay import Exchange, Head, UpstreamPool
+from tailguard.gateway.relay import Exchange, UpstreamPool
 from tailguard.gateway.releases import DecisionStore, ReleaseFollower
 from tailguard.gateway.routing import Override, Router, Selection
 
@@ -378,25 +378,10 @@ class Gateway:
         return pool
 
     @staticmethod
-    def _head_headers(head: Head) -> CIMultiDict[str]:
+    def _end_to_end(items: "Iterable[tuple[str, str]]") -> CIMultiDict[str]:
+        """The headers of a request or response less the hop-by-hop ones (RFC 9110 §7.6.1)."""
         out: CIMultiDict[str] = CIMultiDict()
-        for k, v in head.headers:
-            if k.lower() not in _HOP_BY_HOP:
-                out.add(k, v)
-        return out
-
-    @staticmethod
-    def _forward_headers(request: web.Request) -> CIMultiDict[str]:
-        out: CIMultiDict[str] = CIMultiDict()
-        for k, v in request.headers.items():
-            if k.lower() not in _HOP_BY_HOP:
-                out.add(k, v)
-        return out
-
-    @staticmethod
-    def _response_headers(resp: aiohttp.ClientResponse) -> CIMultiDict[str]:
-        out: CIMultiDict[str] = CIMultiDict()
-        for k, v in resp.headers.items():
+        for k, v in items:
             if k.lower() not in _HOP_BY_HOP:
                 out.add(k, v)
         return out
@@ -420,7 +405,7 @@ class Gateway:
         session = headers_in.get(cfg.session_header)
         selection = self.router.select(unit, session)
         upstream = selection.upstream
-        headers = self._forward_headers(request)
+        headers = self._end_to_end(request.headers.items())
         trace_id, traceparent = _trace(headers_in)
         if traceparent is not None:
             headers["traceparent"] = traceparent
@@ -455,7 +440,7 @@ class Gateway:
             http_status = head.status
             streaming = head.content_type == "text/event-stream"
             meter.streaming = streaming
-            rheaders = self._head_headers(head)
+            rheaders = self._end_to_end(head.headers)
             if route is not None:
                 rheaders["x-tailguard-experiment"] = route.experiment
                 rheaders["x-tailguard-arm"] = route.served
@@ -594,11 +579,11 @@ class Gateway:
                 request.method,
                 self._url("primary", request.path_qs),
                 data=body,
-                headers=self._forward_headers(request),
+                headers=self._end_to_end(request.headers.items()),
             ) as resp:
                 data = await resp.read()
                 return web.Response(
-                    status=resp.status, body=data, headers=self._response_headers(resp)
+                    status=resp.status, body=data, headers=self._end_to_end(resp.headers.items())
                 )
         except aiohttp.ClientError as exc:
             return self._fail(502, f"upstream primary unreachable: {exc}")

@@ -227,20 +227,18 @@ def register_sli(
             last_checkpoint[partition] = time.monotonic()
             return
         stats.checkpoints += 1
-        # Breach states reach the changelog before the series states: a kill
-        # during the checkpoint leaves breach states ahead of their series, never
-        # behind. Replaying then re-closes minutes the breach state has already
-        # judged, and ``advance`` ignores an evaluation point not after the last
-        # one. Otherwise a restored series could skip a close its stale breach
-        # state had not seen, and the next close re-sent the same transition (same
-        # ``event_id``) at a different minute (found by the SIGKILL test; after a
-        # crash the worker restores from the changelog, whose topics the producer
-        # flushes independently, hence the flush in between).
+        # Breach states reach the changelog before the series metas (the store
+        # flushes before writing those): a kill during the checkpoint leaves breach
+        # states ahead of their series, never behind. Replaying then re-closes
+        # minutes the breach state has already judged, and ``advance`` ignores an
+        # evaluation point not after the last one. Otherwise a restored series
+        # could skip a close its stale breach state had not seen, and the next
+        # close re-sent the same transition (same ``event_id``) at a different
+        # minute (found by the SIGKILL test; after a crash the worker restores
+        # from the changelog, whose topics the producer delivers independently).
         breach_writes = engine.checkpoint(partition)
-        if breach_writes:
-            await app.producer.flush()
         stats.state_writes += breach_writes
-        stats.state_writes += store.checkpoint(partition)
+        stats.state_writes += await store.checkpoint(partition, app.producer.flush)
         for held in pending.pop(partition, []):
             await stream.ack(held)
         last_checkpoint[partition] = time.monotonic()

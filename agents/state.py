@@ -15,7 +15,7 @@ worker owns; it is filled lazily from the tables (which faust restored from the
 changelog) and dropped for partitions that are revoked.
 """
 
-from collections.abc import Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 
 from tailguard.streams import Changes, RingConfig, SeriesWindows, Thresholds
@@ -88,14 +88,20 @@ class SeriesStore:
         return cached
 
     def save(self, series: str, changes: Changes) -> None:
-        """Write a batch's changes: touched buckets, deleted buckets, then the meta."""
+        """Write a batch's changes at once: touched buckets, the meta, deleted buckets.
+
+        For tests and tools; a worker checkpoints with :meth:`checkpoint`, which
+        puts the producer flushes that make a restore consistent in between.
+        """
         for (tier, start), data in changes.upserts.items():
             self._buckets[bucket_key(series, tier, start)] = data
-        for tier, start in changes.deletes:
-            key = bucket_key(series, tier, start)
+        self._meta[series] = changes.meta
+        self._delete([bucket_key(series, tier, start) for tier, start in changes.deletes])
+
+    def _delete(self, keys: list[str]) -> None:
+        for key in keys:
             if key in self._buckets:
                 del self._buckets[key]
-        self._meta[series] = changes.meta
 
     def mark_unsaved(self, series: str, partition: int) -> None:
         """``series`` changed: write it at its partition's next :meth:`checkpoint`."""
@@ -104,19 +110,47 @@ class SeriesStore:
     def unsaved(self, partition: int) -> int:
         return len(self._unsaved.get(partition, ()))
 
-    def checkpoint(self, partition: int) -> int:
-        """Write every changed series of ``partition``; returns how many.
+    async def checkpoint(self, partition: int, flush: Callable[[], Awaitable[None]]) -> int:
+        """Write every changed series of ``partition``; returns how many records.
 
-        Must run inside the agent while it processes a message of
-        ``partition`` (faust writes to the store and changelog partition of
-        the current event).
+        In three steps, with ``flush`` (the producer's: every write so far is on
+        the changelog) between them, so that whatever a kill leaves in the local
+        store and on the changelog restores to a consistent state:
+
+        1. the touched buckets: a bucket ahead of its meta is harmless (its
+           ``applied`` offsets make the replay skip what it holds);
+        2. the metas: a meta on the changelog never lists a bucket version that
+           is not (which the replay could not refill: its input may be committed);
+        3. the buckets the metas no longer list: a meta that still lists one is
+           never restored after it is gone.
+
+        Must run inside the agent while it processes a message of ``partition``
+        (faust writes to the store and changelog partition of the current event);
+        the caller's writes made before it (breach states) are flushed in step 1.
         """
         keys = self._unsaved.pop(partition, set())
+        metas: list[tuple[str, bytes]] = []
+        pruned: list[str] = []
+        written = 0
         for key in sorted(keys):
             cached = self._cache.get(key)
-            if cached is not None:
-                self.save(key, cached.state.take_changes())
-        return len(keys)
+            if cached is None:
+                continue
+            changes = cached.state.take_changes()
+            for (tier, start), data in changes.upserts.items():
+                self._buckets[bucket_key(key, tier, start)] = data
+            written += len(changes.upserts)
+            metas.append((key, changes.meta))
+            pruned.extend(bucket_key(key, tier, start) for tier, start in changes.deletes)
+        if not metas:
+            return 0
+        await flush()
+        for key, meta in metas:
+            self._meta[key] = meta
+        if pruned:
+            await flush()
+            self._delete(pruned)
+        return written + len(metas) + len(pruned)
 
     def warm(self, partition_of: Callable[[str], int]) -> int:
         """Load every series of the partitions this worker owns (after start or a rebalance).

@@ -307,6 +307,7 @@ class SeriesWindows:
         for i, ts in enumerate(cols.ts.tolist()):
             start = ts - ts % width
             bucket = self.fine.get(start)
+            folded_before = False
             if with_positions:
                 if (parts[i], offsets[i]) != current:
                     current = (parts[i], offsets[i])
@@ -327,38 +328,40 @@ class SeriesWindows:
                         # while re-admitting one that was late the first time is rare.
                         judge = history.get(current)
                 if bucket is not None and offset <= bucket.applied.get(part, -1):
+                    # Folded in before. It was accepted then, so it moved the
+                    # watermark then: it must move it now too (a meta restored
+                    # older than this bucket has a watermark from before it).
                     result.replayed += 1
-                    if judge is None or ts > judge:
-                        judge = ts  # it was accepted the first time: it moved the watermark
-                    continue
-            # No exemption for a bucket awaiting a refill: a replay is judged against
-            # the watermark its message first met, so it re-admits exactly what the
-            # first pass admitted, and a request late the first time stays late.
-            if judge is not None and start + width + lateness <= judge:
-                if tally:
-                    result.late += 1
-                    if with_positions and current not in history:
-                        history[current] = met
-                continue
-            if bucket is None:
-                bucket = self._new_fine(start)
-                closes = start + width + lateness
-                if next_close is None or closes < next_close:
-                    next_close = closes
-            if with_positions:
-                marks = seen.setdefault(start, {})
-                if offset > marks.get(part, -1):
-                    marks[part] = offset
-            ids = bucket.ids
-            if ids is not None:
-                h = hashes[i]
-                if h in ids:
+                    folded_before = True
+            if not folded_before:
+                # No exemption for a bucket awaiting a refill: a replay is judged against
+                # the watermark its message first met, so it re-admits exactly what the
+                # first pass admitted, and a request late the first time stays late.
+                if judge is not None and start + width + lateness <= judge:
                     if tally:
-                        result.duplicates += 1
+                        result.late += 1
+                        if with_positions and current not in history:
+                            history[current] = met
                     continue
-                ids.add(h)
-            accs.setdefault(start, []).append(i)
-            result.accepted += 1
+                if bucket is None:
+                    bucket = self._new_fine(start)
+                    closes = start + width + lateness
+                    if next_close is None or closes < next_close:
+                        next_close = closes
+                if with_positions:
+                    marks = seen.setdefault(start, {})
+                    if offset > marks.get(part, -1):
+                        marks[part] = offset
+                ids = bucket.ids
+                if ids is not None:
+                    h = hashes[i]
+                    if h in ids:
+                        if tally:
+                            result.duplicates += 1
+                        continue
+                    ids.add(h)
+                accs.setdefault(start, []).append(i)
+                result.accepted += 1
             if wm is None or ts > wm:
                 wm = ts
                 if next_close is not None and wm >= next_close:

@@ -1,5 +1,6 @@
 """Worker settings, the crash-safe data dir and the series store."""
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,57 @@ def test_malloc_arenas_are_capped_unless_the_environment_decides(
     assert worker.limit_malloc_arenas(2) and calls == [(-8, 2)]
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert not worker.limit_malloc_arenas(2) and len(calls) == 1
+
+
+class _Journal(dict[str, bytes]):
+    """A table that notes every write and delete, in order, in a shared journal."""
+
+    def __init__(self, name: str, journal: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.name, self.journal = name, journal
+
+    def __setitem__(self, key: str, value: bytes) -> None:
+        self.journal.append((f"{self.name} write", key))
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.journal.append((f"{self.name} delete", key))
+        super().__delitem__(key)
+
+
+def test_a_checkpoint_flushes_between_buckets_metas_and_deletes() -> None:
+    """Buckets, flush, metas, flush, deletes: a meta on the changelog never lists a
+    bucket version that is not there, and is never restored after a bucket it
+    lists was deleted (the property tests in test_ring_properties.py show why)."""
+    journal: list[tuple[str, str]] = []
+    small = RingConfig(
+        bucket_ms=1_000, rollup_ms=10_000, fine_retention_ms=20_000, allowed_lateness_ms=2_000
+    )
+    store = SeriesStore(_Journal("meta", journal), _Journal("buckets", journal), small)
+
+    async def flush() -> None:
+        journal.append(("flush", ""))
+
+    def checkpoint() -> list[str]:
+        journal.clear()
+        asyncio.run(store.checkpoint(0, flush))
+        return [what for what, _ in journal]
+
+    for name in ("a", "b"):
+        store.get(name, partition=0).state.add([_Ev(0)], [(0, 0)])
+        store.mark_unsaved(name, 0)
+    steps = checkpoint()
+    assert steps == ["buckets write"] * 2 + ["flush"] + ["meta write"] * 2
+    assert checkpoint() == [], "nothing changed: nothing written, nothing flushed"
+
+    # 40 s later (events are 30 s apart): minutes closed, an hour rolled up, the
+    # first minute pruned.
+    late = _Ev(0)
+    late.ts_ms += 40_000
+    store.get("a", partition=0).state.add([late], [(0, 1)])
+    store.mark_unsaved("a", 0)
+    steps = checkpoint()
+    first_flush = steps.index("flush")
+    assert set(steps[:first_flush]) == {"buckets write"}
+    assert steps[first_flush:] == ["flush", "meta write", "flush", "buckets delete"]
+    assert journal[-1] == ("buckets delete", bucket_key("a", "m", _Ev(0).ts_ms))

@@ -134,6 +134,11 @@ def split(events: list[Any], at: list[int]) -> list[list[Any]]:
     return [events[a:b] for a, b in pairwise(bounds)]
 
 
+def in_messages(events: list[Any], size: int) -> list[list[Any]]:
+    """Input messages of ``size`` requests each (the last one may hold fewer)."""
+    return [events[i : i + size] for i in range(0, len(events), size)]
+
+
 def fingerprint(windows: SeriesWindows) -> dict[str, Any]:
     """Everything observable about a ring, with digests reduced to their sample counts."""
 
@@ -384,3 +389,168 @@ def test_folding_many_series_at_once_equals_folding_each_alone(
         assert a.take_changes() == b.take_changes()
         for w in WINDOW_LENGTHS:
             assert a.window(w).to_bytes() == b.window(w).to_bytes()
+
+
+@settings(max_examples=400, deadline=None)
+@given(plan=moves, size=st.integers(1, 6), crash=st.randoms(use_true_random=False))
+def test_any_restore_a_kill_can_leave_then_a_replay_from_the_commit_converges(
+    make_event: MakeEvent, plan: list[New | Resend], size: int, crash: Any
+) -> None:
+    """The worker's real failure model, per table (meta; buckets).
+
+    Each batch is one input message at offset ``k``. A checkpoint (after some
+    messages) writes the changed buckets, then, once a flush has delivered them,
+    the meta, then, after another flush, deletes the pruned buckets (as
+    ``SeriesStore.checkpoint`` does); a commit (after some
+    checkpoint) has every write up to it on the changelog. A SIGKILL stops the
+    writes anywhere after the commit. Per table, independently, the changelog
+    holds a prefix of the writes (at least up to the commit) and the local store
+    remembers an earlier changelog position; restarting re-applies the changelog
+    from there over the local store. So each key comes back as its last local
+    write, or as its last delivered write after the remembered position.
+    Restoring that and replaying every message after the commit must give what
+    the ring had without the crash. Or another worker takes the partition over
+    and restores from the changelog alone.
+    """
+    batches = in_messages(stream(plan, make_event), size)
+    n = len(batches)
+    original = SeriesWindows(SMALL)
+    log: list[tuple[str, Any, bytes | None]] = []  # (table, key, value or None: deleted)
+    checkpoints: list[tuple[int, int]] = []  # (last message, writes so far)
+    flushes: list[int] = [0]  # writes so far at each flush
+    for offset, batch in enumerate(batches):
+        original.add(batch, positions=[(0, offset)] * len(batch))
+        if offset == n - 1 or crash.random() < 0.5:
+            changes = original.take_changes()
+            log += [("b", key, data) for key, data in changes.upserts.items()]
+            flushes.append(len(log))  # the meta goes only once its buckets are delivered
+            log.append(("m", "meta", changes.meta))
+            if changes.deletes:  # and pruned records only once the meta is
+                flushes.append(len(log))
+                log += [("b", key, None) for key in changes.deletes]
+            checkpoints.append((offset, len(log)))
+    which = crash.randrange(-1, len(checkpoints))
+    committed, durable = checkpoints[which] if which >= 0 else (-1, 0)
+    written = crash.randint(durable, len(log))
+    flushed = max(durable, max(f for f in flushes if f <= written))
+    store: dict[Any, bytes | None] = {}
+    elsewhere = crash.random() < 0.3  # another worker takes over: no local store
+    for table in ("b", "m"):
+        delivered = crash.randint(flushed, written)
+        remembered = 0 if elsewhere else crash.randint(0, delivered)
+        for t, key, value in [*([] if elsewhere else log[:written]), *log[remembered:delivered]]:
+            if t == table:
+                store[key] = value
+    meta = store.get("meta")
+    if meta is None:
+        restored = SeriesWindows(SMALL)
+    else:
+        restored = SeriesWindows.restore(meta, lambda t, s: store.get((t, s)), SMALL)
+    for offset in range(committed + 1, n):
+        restored.add(batches[offset], positions=[(0, offset)] * len(batches[offset]))
+    assert contents(restored) == contents(original)
+
+
+class _Table:
+    """One faust table partition as a SIGKILL sees it: a local store written at once,
+    a changelog that gets what the producer delivered, and the changelog position
+    the local store remembers (faust's persisted offset, written by the delivery
+    callback, so it may lag)."""
+
+    def __init__(self) -> None:
+        self.local: dict[Any, bytes | None] = {}
+        self.changelog: list[tuple[Any, bytes | None]] = []
+        self.pending: list[tuple[Any, bytes | None]] = []
+        self.remembered = 0
+
+    def write(self, key: Any, value: bytes | None) -> None:
+        self.local[key] = value
+        self.pending.append((key, value))
+
+    def deliver(self, how_many: int, remember: bool) -> None:
+        self.changelog += self.pending[:how_many]
+        del self.pending[:how_many]
+        if remember:
+            self.remembered = len(self.changelog)
+
+    def kill_and_recover(self, rng: Any, elsewhere: bool) -> None:
+        """Some of what was sent still reaches the broker; the rest is gone. Restarting
+        re-applies the changelog from the remembered position over the local store;
+        another worker (``elsewhere``) has no local store and reads it all."""
+        self.deliver(rng.randint(0, len(self.pending)), remember=False)
+        self.pending.clear()
+        if elsewhere:
+            self.local, self.remembered = {}, 0
+        else:
+            self.remembered = rng.randint(self.remembered, len(self.changelog))
+        for key, value in self.changelog[self.remembered :]:
+            self.local[key] = value
+        self.remembered = len(self.changelog)
+
+
+@settings(max_examples=300, deadline=None)
+@given(plan=moves, size=st.integers(1, 6), crash=st.randoms(use_true_random=False))
+def test_several_kills_with_torn_changelogs_still_converge(
+    make_event: MakeEvent, plan: list[New | Resend], size: int, crash: Any
+) -> None:
+    """Like the test above, with repeated kills, some during the replay of the last one,
+    some in the middle of a checkpoint, and deliveries and commits at random."""
+    batches = in_messages(stream(plan, make_event), size)
+    n = len(batches)
+    original = SeriesWindows(SMALL)
+    for offset, batch in enumerate(batches):
+        original.add(batch, positions=[(0, offset)] * len(batch))
+
+    meta, buckets = _Table(), _Table()
+    state = SeriesWindows(SMALL)
+    committed = acked = -1
+    offset = 0
+    kills = 0
+    while offset < n:
+        batch = batches[offset]
+        state.add(batch, positions=[(0, offset)] * len(batch))
+        killed = False
+        if offset == n - 1 or crash.random() < 0.5:  # checkpoint: buckets, then the meta
+            changes = state.take_changes()
+            writes: list[tuple[_Table, Any, bytes | None] | None] = [
+                (buckets, key, data) for key, data in changes.upserts.items()
+            ]
+            writes += [None, (meta, "meta", changes.meta)]  # the meta after its buckets
+            if changes.deletes:  # pruned records go only once the meta is delivered
+                writes.append(None)
+                writes += [(buckets, key, None) for key in changes.deletes]
+            for write in writes:
+                if kills < 4 and crash.random() < 0.1:
+                    killed = True
+                    break
+                if write is None:
+                    for table in (meta, buckets):
+                        table.deliver(len(table.pending), remember=crash.random() < 0.5)
+                else:
+                    write[0].write(write[1], write[2])
+            else:
+                acked = offset
+        for table in (meta, buckets):
+            if table.pending and crash.random() < 0.3:
+                table.deliver(crash.randint(1, len(table.pending)), crash.random() < 0.5)
+        if not killed and crash.random() < 0.3:  # commit: flush, then the input offset
+            for table in (meta, buckets):
+                table.deliver(len(table.pending), remember=crash.random() < 0.8)
+            committed = acked
+        if not killed and kills < 4 and crash.random() < 0.25:
+            killed = True
+        if killed:
+            kills += 1
+            elsewhere = crash.random() < 0.3
+            for table in (meta, buckets):
+                table.kill_and_recover(crash, elsewhere)
+            stored = meta.local.get("meta")
+            if stored is None:
+                state = SeriesWindows(SMALL)
+            else:
+                state = SeriesWindows.restore(stored, lambda t, s: buckets.local.get((t, s)), SMALL)
+            offset = acked = committed
+            offset += 1
+            continue
+        offset += 1
+    assert contents(state) == contents(original)

@@ -13,7 +13,13 @@ from faust.types import TP, FutureMessage, Message
 from tailguard.agents.offsets import InOrderGuard, VerdictKind
 from tailguard.agents.settings import Settings
 
-__all__ = ["DrainingBuffer", "DrainingProducer", "SeekingConsumer", "make_app"]
+__all__ = [
+    "ChangelogWriteError",
+    "DrainingBuffer",
+    "DrainingProducer",
+    "SeekingConsumer",
+    "make_app",
+]
 
 
 class _ReadOffsets(dict[Any, Any]):
@@ -196,6 +202,11 @@ class SeekingConsumer(faust_aiokafka.Consumer):
         await super().on_partitions_revoked(revoked)
 
 
+class ChangelogWriteError(RuntimeError):
+    """A table write could not be put on its changelog: committing input past it
+    would lose it for good, so the flush before the commit fails instead."""
+
+
 class DrainingBuffer(ProducerBuffer):
     """faust's send-soon buffer (every table's changelog writes), with a real drain.
 
@@ -207,25 +218,54 @@ class DrainingBuffer(ProducerBuffer):
     re-applied *older* changelog records over the local store, behind the
     commit: input that was never replayed went missing (found by the SIGKILL
     test, for the series written last in a checkpoint).
+
+    :meth:`drain` waits for the messages put *before* it was called (others keep
+    writing meanwhile), and fails if one of them could not be handed over or,
+    later, delivered (faust only logs a failed changelog delivery).
     """
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        #: Messages taken off the queue and not yet handed to the producer.
-        self.in_flight = 0
+        #: Messages put so far, and handed to the producer so far (in put order).
+        self.put_count = 0
+        self.handed = 0
+        #: Changelog writes whose delivery failed, and the last reason.
+        self.failed = 0
+        self.last_failure: BaseException | None = None
+
+    def put(self, fut: FutureMessage) -> None:
+        fut.add_done_callback(self._on_delivered)
+        super().put(fut)
+        self.put_count += 1
+
+    def _on_delivered(self, fut: FutureMessage) -> None:
+        failure = asyncio.CancelledError() if fut.cancelled() else fut.exception()
+        if failure is not None:
+            self.failed += 1
+            self.last_failure = failure
+
+    @property
+    def in_flight(self) -> int:
+        """Taken off the queue, not handed over yet."""
+        return self.put_count - self.handed - self.size
 
     async def _send_pending(self, fut: FutureMessage) -> None:
-        self.in_flight += 1
         try:
             await super()._send_pending(fut)
         finally:
-            self.in_flight -= 1
+            self.handed += 1
 
     async def drain(self) -> None:
-        """Return once every message put in so far has been handed to the producer."""
-        while self.size or self.in_flight:
+        """Return once every message put so far has been handed to the producer."""
+        target = self.put_count
+        while True:
             if self.state != "running":
-                raise RuntimeError("cannot drain the producer buffer: it is not running")
+                # Stopped, or crashed because a hand-over failed: what is left
+                # here, or was lost on the way, is not on the changelog.
+                msg = f"table changelog writes not sent: the producer buffer is {self.state}"
+                raise ChangelogWriteError(msg)
+            if self.handed >= target:
+                return
             self.message_sent.clear()
             # On a time-out look again: a hand-over may have been missed between the checks.
             with contextlib.suppress(TimeoutError):
@@ -233,19 +273,31 @@ class DrainingBuffer(ProducerBuffer):
 
 
 class DrainingProducer(faust_aiokafka.Producer):
-    """faust's aiokafka producer whose :meth:`flush` really empties the send-soon
-    buffer first (:class:`DrainingBuffer`). faust flushes before every offset
-    commit, so with this a commit never overtakes a table write made before it."""
+    """faust's aiokafka producer whose :meth:`flush` really puts every table write
+    made so far on the changelog (:class:`DrainingBuffer`), or fails. faust flushes
+    before every offset commit, so a commit never overtakes a table write."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if self.app.conf.producer_threaded:
+            msg = "tailguard's producer does not support faust's producer_threaded setting"
+            raise ValueError(msg)
         self.draining = DrainingBuffer(loop=self.loop, beacon=self.beacon)
         self.draining.app = self.app
         self.buffer = self.draining
+        self._failures_seen = 0
 
     async def flush(self) -> None:
-        await self.draining.drain()
+        buffer = self.draining
+        await buffer.drain()
         await super().flush()
+        for _ in range(3):  # let the delivery callbacks of what just completed run
+            await asyncio.sleep(0)
+        if buffer.failed > self._failures_seen:
+            lost = buffer.failed - self._failures_seen
+            self._failures_seen = buffer.failed
+            msg = f"{lost} table changelog write(s) not delivered: {buffer.last_failure!r}"
+            raise ChangelogWriteError(msg)
 
 
 class Transport(faust_aiokafka.Transport):

@@ -40,7 +40,7 @@ from tailguard.agents.internal import decode_groups, partition_for, series_key
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
-from tailguard.agents.state import CachedSeries, SeriesStore
+from tailguard.agents.state import CachedSeries, CheckpointInterrupted, SeriesStore
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.telemetry import Telemetry
 from tailguard.agents.topics import Topics
@@ -212,6 +212,13 @@ def register_sli(
 
     last_checkpoint: dict[int, float] = {}
     pending: dict[int, list[Any]] = {}
+    #: Internal partitions assigned here and not revoked since (a rebalance
+    #: revokes them all first).
+    owned: set[int] = set()
+
+    def _still_mine(partition: int) -> bool:
+        return partition in owned
+
     # Serialises the agent's batches with timer-driven checkpoints.
     busy = asyncio.Lock()
     acking: list[Any] = []  # the agent's manual-ack stream, once it runs
@@ -238,7 +245,13 @@ def register_sli(
         # from the changelog, whose topics the producer delivers independently).
         breach_writes = engine.checkpoint(partition)
         stats.state_writes += breach_writes
-        stats.state_writes += await store.checkpoint(partition, app.producer.flush)
+        try:
+            stats.state_writes += await store.checkpoint(
+                partition, app.producer.flush, lambda: _still_mine(partition)
+            )
+        except CheckpointInterrupted as exc:
+            app.log.info("tailguard: %s; nothing acknowledged", exc)
+            return
         for held in pending.pop(partition, []):
             await stream.ack(held)
         last_checkpoint[partition] = time.monotonic()
@@ -356,6 +369,10 @@ def register_sli(
                     break
             cursor[0] = start + done
 
+    @app.on_partitions_revoked.connect
+    async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
+        owned.difference_update(tp.partition for tp in revoked if tp.topic == internal_topic)
+
     @app.on_partitions_assigned.connect
     async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
         # faust revokes every partition at a rebalance, then assigns. A partition
@@ -364,6 +381,8 @@ def register_sli(
         # what moved elsewhere is dropped (its new owner replays it from the
         # last checkpoint). Then the next timer tick loads what is new to us.
         mine = {tp.partition for tp in assigned if tp.topic == internal_topic}
+        owned.clear()
+        owned.update(mine)
         gone = (set(pending) | set(last_checkpoint) | store.partitions()) - mine
         if gone:
             store.forget_partitions(gone)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from tailguard.streams import Changes, RingConfig, SeriesWindows, Thresholds
 
-__all__ = ["CachedSeries", "SeriesStore", "bucket_key"]
+__all__ = ["CachedSeries", "CheckpointInterrupted", "SeriesStore", "bucket_key"]
 
 _SEP = "\x1f"
 
@@ -28,6 +28,11 @@ _SEP = "\x1f"
 def bucket_key(series: str, tier: str, start: int) -> str:
     """Table key of one bucket of one series."""
     return f"{series}{_SEP}{tier}{_SEP}{start}"
+
+
+class CheckpointInterrupted(Exception):
+    """The partition moved (or is moving) while a checkpoint waited for a flush:
+    the rest was not written, and nothing may be acknowledged."""
 
 
 @dataclass(slots=True)
@@ -110,7 +115,12 @@ class SeriesStore:
     def unsaved(self, partition: int) -> int:
         return len(self._unsaved.get(partition, ()))
 
-    async def checkpoint(self, partition: int, flush: Callable[[], Awaitable[None]]) -> int:
+    async def checkpoint(
+        self,
+        partition: int,
+        flush: Callable[[], Awaitable[None]],
+        still_mine: Callable[[], bool] = lambda: True,
+    ) -> int:
         """Write every changed series of ``partition``; returns how many records.
 
         In three steps, with ``flush`` (the producer's: every write so far is on
@@ -127,6 +137,12 @@ class SeriesStore:
         Must run inside the agent while it processes a message of ``partition``
         (faust writes to the store and changelog partition of the current event);
         the caller's writes made before it (breach states) are flushed in step 1.
+
+        ``still_mine()`` is asked after each flush: if the partition was revoked
+        meanwhile (a rebalance), writing on could put stale records on a changelog
+        its next owner has already read, so :class:`CheckpointInterrupted` is
+        raised instead, and the series are written whole at the next checkpoint
+        if the partition stays here.
         """
         keys = self._unsaved.pop(partition, set())
         metas: list[tuple[str, bytes]] = []
@@ -145,12 +161,25 @@ class SeriesStore:
         if not metas:
             return 0
         await flush()
+        self._go_on(partition, [key for key, _ in metas], still_mine)
         for key, meta in metas:
             self._meta[key] = meta
         if pruned:
             await flush()
+            # Past here only deletes remain: a bucket not deleted is just garbage.
+            self._go_on(partition, [], still_mine)
             self._delete(pruned)
         return written + len(metas) + len(pruned)
+
+    def _go_on(self, partition: int, keys: list[str], still_mine: Callable[[], bool]) -> None:
+        if still_mine():
+            return
+        for key in keys:
+            cached = self._cache.get(key)
+            if cached is not None:
+                cached.state.rewrite_all()
+                self.mark_unsaved(key, partition)
+        raise CheckpointInterrupted(f"partition {partition} moved during its checkpoint")
 
     def warm(self, partition_of: Callable[[str], int]) -> int:
         """Load every series of the partitions this worker owns (after start or a rebalance).

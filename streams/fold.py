@@ -229,8 +229,10 @@ def fold_many(
 
     # -- watermarks, tallies, closes ----------------------------------------------
     acc_groups = g[cand[acc_sorted]]
+    # Every request that is not late moves the watermark, duplicates included:
+    # a replay cannot tell a request its bucket holds from a duplicate of one.
     newest = np.full(n_groups, _NO_WM, dtype=np.int64)
-    np.maximum.at(newest, acc_groups, cols.ts[src])
+    np.maximum.at(newest, cg, ts[cand])
     accepted_per_group = np.bincount(acc_groups, minlength=n_groups)
     for b in range(n_b):
         states[int(b_group[b])]._touch(FINE, int(b_start[b]))

@@ -328,7 +328,7 @@ class SeriesWindows:
                         # while re-admitting one that was late the first time is rare.
                         judge = history.get(current)
                 if bucket is not None and offset <= bucket.applied.get(part, -1):
-                    # Folded in before. It was accepted then, so it moved the
+                    # Folded in before (accepted or a duplicate), so it moved the
                     # watermark then: it must move it now too (a meta restored
                     # older than this bucket has a watermark from before it).
                     result.replayed += 1
@@ -353,15 +353,17 @@ class SeriesWindows:
                     if offset > marks.get(part, -1):
                         marks[part] = offset
                 ids = bucket.ids
-                if ids is not None:
-                    h = hashes[i]
-                    if h in ids:
-                        if tally:
-                            result.duplicates += 1
-                        continue
-                    ids.add(h)
-                accs.setdefault(start, []).append(i)
-                result.accepted += 1
+                h = hashes[i]
+                if ids is not None and h in ids:
+                    # A duplicate is not counted, but like every request that is
+                    # not late it moves the watermark (as in the vectorised path).
+                    if tally:
+                        result.duplicates += 1
+                else:
+                    if ids is not None:
+                        ids.add(h)
+                    accs.setdefault(start, []).append(i)
+                    result.accepted += 1
             if wm is None or ts > wm:
                 wm = ts
                 if next_close is not None and wm >= next_close:
@@ -591,6 +593,12 @@ class SeriesWindows:
             wm_before=[(p, o, w) for (p, o), w in self._wm_before.items()],
         )
         return msgspec.msgpack.encode(meta)
+
+    def rewrite_all(self) -> None:
+        """Have the next :meth:`take_changes` write every bucket again (a checkpoint
+        that took the changes was interrupted before storing all of them)."""
+        self._dirty.update((FINE, start) for start in self.fine)
+        self._dirty.update((COARSE, start) for start in self.coarse)
 
     def take_changes(self) -> Changes:
         """Buckets written or deleted since the last call, plus the meta value."""

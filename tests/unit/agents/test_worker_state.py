@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from tailguard.agents.errors import SettingsError
 from tailguard.agents.settings import Settings
-from tailguard.agents.state import SeriesStore, bucket_key
+from tailguard.agents.state import CheckpointInterrupted, SeriesStore, bucket_key
 from tailguard.agents.worker import CLEAN_MARKER, prepare_data_dir
 from tailguard.streams import RingConfig
 
@@ -152,3 +152,36 @@ def test_a_checkpoint_flushes_between_buckets_metas_and_deletes() -> None:
     assert set(steps[:first_flush]) == {"buckets write"}
     assert steps[first_flush:] == ["flush", "meta write", "flush", "buckets delete"]
     assert journal[-1] == ("buckets delete", bucket_key("a", "m", _Ev(0).ts_ms))
+
+
+def test_a_checkpoint_stops_when_its_partition_moved_during_a_flush() -> None:
+    """A rebalance while a checkpoint waits: nothing more is written (its next owner
+    may have read the changelog already), and if the partition stays, the next
+    checkpoint writes the series whole."""
+    journal: list[tuple[str, str]] = []
+    store = SeriesStore(_Journal("meta", journal), _Journal("buckets", journal), RingConfig())
+    cached = store.get("s", partition=0)
+    cached.state.add([_Ev(i) for i in range(4)], [(0, i) for i in range(4)])  # two minutes
+    store.mark_unsaved("s", 0)
+    mine = [True]
+
+    async def flush() -> None:
+        journal.append(("flush", ""))
+        mine[0] = False  # revoked meanwhile
+
+    with pytest.raises(CheckpointInterrupted, match="partition 0 moved"):
+        asyncio.run(store.checkpoint(0, flush, lambda: mine[0]))
+    assert [what for what, _ in journal] == ["buckets write"] * 2 + ["flush"]
+
+    # Assigned back: the next checkpoint writes both buckets again, then the meta.
+    again = _Ev(4)
+    again.ts_ms -= 30_000  # in the second minute: touches that one only
+    cached.state.add([again], [(0, 4)])
+    mine[0] = True
+    journal.clear()
+
+    async def plain_flush() -> None:
+        journal.append(("flush", ""))
+
+    asyncio.run(store.checkpoint(0, plain_flush, lambda: mine[0]))
+    assert [what for what, _ in journal] == ["buckets write"] * 2 + ["flush", "meta write"]

@@ -494,3 +494,57 @@ def test_a_window_read_before_a_replay_refills_a_closed_bucket_sees_the_refill(
     assert restored.window(WINDOWS["1h"], minute(t0, 11)).counters.requests == 4
     restored.add(second, positions=[(0, 2)] * 3)
     assert restored.window(WINDOWS["1h"], minute(t0, 11)).counters.requests == 7
+
+
+_SMALL = RingConfig(
+    bucket_ms=1_000,
+    rollup_ms=10_000,
+    fine_retention_ms=20_000,
+    retention_ms=60_000,
+    allowed_lateness_ms=2_000,
+)
+_T0 = 1_700_000_000_000
+
+
+def test_a_duplicate_moves_the_watermark_so_its_replay_can_too(make_event: Any) -> None:
+    """The same event id again, later in the same minute: not counted, but the
+    watermark moves, also when the replay after a crash finds it already folded
+    in (found by review: the replay moved it, the first pass did not)."""
+    first = make_event(_T0, event_id="x")
+    again = make_event(_T0 + 900, event_id="x")
+    original = SeriesWindows(_SMALL)
+    original.add([first], positions=[(0, 0)])
+    meta_before = original.take_changes().meta
+    result = original.add([again], positions=[(0, 1)])
+    assert (result.accepted, result.duplicates) == (0, 1)
+    assert original.watermark_ms == _T0 + 900
+    changes = original.take_changes()
+    # Restored with the meta from before and the bucket from after (it is ahead).
+    restored = SeriesWindows.restore(meta_before, lambda t, s: changes.upserts.get((t, s)), _SMALL)
+    replay = restored.add([again], positions=[(0, 1)])
+    assert replay.replayed == 1
+    assert restored.watermark_ms == original.watermark_ms
+
+
+def test_both_paths_judge_lateness_alike_after_a_duplicate(make_event: Any) -> None:
+    """A lateness that is not a whole number of buckets, a duplicate with a later
+    time, then an older request: the vectorised and the request-by-request path
+    must agree on what is late (found by review)."""
+    odd = RingConfig(
+        bucket_ms=1_000,
+        rollup_ms=10_000,
+        fine_retention_ms=20_000,
+        retention_ms=60_000,
+        allowed_lateness_ms=1_500,
+    )
+    from tailguard.streams.columns import Columns
+
+    x1, x2 = make_event(_T0, event_id="x"), make_event(_T0 + 999, event_id="x")
+    for older in range(_T0 - 4_000, _T0, 250):
+        batch = [x1, x2, make_event(older, event_id="y")]
+        cols = Columns.from_events(batch, [(0, 0)] * 3)
+        fast, slow = SeriesWindows(odd), SeriesWindows(odd)
+        a = fast.add_columns(cols)
+        b = slow._add_replay(cols, None)
+        assert (a.accepted, a.late, a.duplicates) == (b.accepted, b.late, b.duplicates), older
+        assert fast.watermark_ms == slow.watermark_ms

@@ -300,6 +300,18 @@ class DrainingProducer(faust_aiokafka.Producer):
             raise ChangelogWriteError(msg)
 
 
+class PlainTable(faust.Table):
+    """faust's Table without its key-expiry task (``_clean_data``), which only windowed
+    tables with ``expires`` use; tailguard's windows are explicit buckets (SPEC.md §7).
+
+    After heavy use, SIGTERM left that task pending and never stepped, and the
+    table's stop waited for it without a time-out: the worker never stopped.
+    """
+
+    def _get_tasks(self) -> Any:
+        return (task for task in super()._get_tasks() if task.fun.__name__ != "_clean_data")
+
+
 class Transport(faust_aiokafka.Transport):
     """faust's aiokafka transport, building :class:`SeekingConsumer` and
     :class:`DrainingProducer`."""
@@ -324,6 +336,7 @@ def make_app(settings: Settings) -> faust.App:
         settings.app_id,
         broker=f"kafka://{settings.broker}",
         store="rocksdb://",
+        Table=PlainTable,
         datadir=str(settings.data_dir),
         topic_partitions=settings.partitions,
         topic_replication_factor=1,

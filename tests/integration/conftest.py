@@ -102,6 +102,10 @@ class WorkerProcess:
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.args[self.args.index("--data-dir") + 1])
+
     def start(self) -> "WorkerProcess":
         self.starts += 1
         with self.log_path.open("ab") as log:

@@ -185,3 +185,16 @@ def test_a_checkpoint_stops_when_its_partition_moved_during_a_flush() -> None:
 
     asyncio.run(store.checkpoint(0, plain_flush, lambda: mine[0]))
     assert [what for what, _ in journal] == ["buckets write"] * 2 + ["flush", "meta write"]
+
+
+def test_worker_tables_run_no_key_expiry_task() -> None:
+    """faust's ``_clean_data`` task serves windowed tables only; left pending after
+    heavy use it kept a table's stop waiting forever (the worker never stopped)."""
+    import faust
+    from tailguard.agents.app import PlainTable, make_app
+
+    app = make_app(Settings(web_enabled=False))
+    table = app.Table("t", default=None)
+    assert isinstance(table, PlainTable)
+    assert [t.fun.__name__ for t in faust.Table._get_tasks(table)] == ["_clean_data"]
+    assert list(table._get_tasks()) == []

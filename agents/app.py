@@ -244,11 +244,6 @@ class DrainingBuffer(ProducerBuffer):
             self.failed += 1
             self.last_failure = failure
 
-    @property
-    def in_flight(self) -> int:
-        """Taken off the queue, not handed over yet."""
-        return self.put_count - self.handed - self.size
-
     async def _send_pending(self, fut: FutureMessage) -> None:
         try:
             await super()._send_pending(fut)

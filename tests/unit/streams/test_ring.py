@@ -6,6 +6,7 @@ minute bucket ``[t0 + i min, t0 + (i+1) min)`` closes once the watermark reaches
 ``t0 + (i + 3) min``.
 """
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -530,13 +531,7 @@ def test_both_paths_judge_lateness_alike_after_a_duplicate(make_event: Any) -> N
     """A lateness that is not a whole number of buckets, a duplicate with a later
     time, then an older request: the vectorised and the request-by-request path
     must agree on what is late (found by review)."""
-    odd = RingConfig(
-        bucket_ms=1_000,
-        rollup_ms=10_000,
-        fine_retention_ms=20_000,
-        retention_ms=60_000,
-        allowed_lateness_ms=1_500,
-    )
+    odd = dataclasses.replace(_SMALL, allowed_lateness_ms=1_500)
     from tailguard.streams.columns import Columns
 
     x1, x2 = make_event(_T0, event_id="x"), make_event(_T0 + 999, event_id="x")

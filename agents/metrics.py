@@ -61,7 +61,7 @@ __all__ = [
 #: Content type of the text exposition format 0.0.4.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-#: WorkerStats field → (metric name without ``_total``, help). Integer fields not
+#: WorkerStats field → (metric name without ``_total``, help). Numeric fields not
 #: listed here are exported as ``tailguard_worker_<field>_total``.
 COUNTERS: dict[str, tuple[str, str]] = {
     "messages": ("tailguard_input_messages", "Input messages consumed by the ingest agents."),
@@ -81,6 +81,10 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "breach_events": ("tailguard_breach_events_published", "tailguard.breach.v1 events published."),
     "checkpoints": ("tailguard_checkpoints", "State checkpoints of the SLI agent."),
     "state_writes": ("tailguard_state_writes", "Table records written at checkpoints."),
+    "checkpoint_seconds": (
+        "tailguard_checkpoint_seconds",
+        "Wall time the SLI agent spent in checkpoints (writing state, acknowledging input).",
+    ),
     "internal_errors": ("tailguard_internal_errors", "Undecodable internal records skipped."),
     "redelivered": ("tailguard_input_redelivered", "Input messages delivered again."),
 }
@@ -298,7 +302,7 @@ class TelemetryCollector(Collector):
         stats = t.stats
         for f in fields(stats):
             value = getattr(stats, f.name)
-            if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, bool) or not isinstance(value, int | float):
                 continue
             name, help_ = COUNTERS.get(
                 f.name, (f"tailguard_worker_{f.name}", f"WorkerStats.{f.name} of this worker.")

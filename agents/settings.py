@@ -49,6 +49,13 @@ class Settings:
     #: written to the tables and the input they hold is acknowledged (so the
     #: consumer offset never runs ahead of the stored state).
     checkpoint_interval_s: float = 5.0
+    #: Most of the SLI agent's time checkpoints may take: with many busy series a
+    #: checkpoint takes seconds, and the period then stretches to keep within this
+    #: share (:class:`~tailguard.agents.cadence.CheckpointCadence`) ...
+    checkpoint_max_share: float = 0.2
+    #: ... up to this period (or ``checkpoint_interval_s`` if that is longer): the
+    #: most input a crash makes the worker replay.
+    checkpoint_max_interval_s: float = 30.0
     #: Period of the worker's one-line counters in its log.
     stats_interval_s: float = 30.0
     #: RocksDB per store (one per table and partition): block cache, memtable
@@ -86,6 +93,9 @@ class Settings:
         if not self.checkpoint_interval_s > 0:
             msg = f"checkpoint_interval_s must be > 0, got {self.checkpoint_interval_s}"
             raise SettingsError(msg)
+        if not 0 < self.checkpoint_max_share <= 1:
+            msg = f"checkpoint_max_share must be in (0, 1], got {self.checkpoint_max_share}"
+            raise SettingsError(msg)
         if self.metrics_max_series < 0:
             msg = f"metrics_max_series must be ≥ 0, got {self.metrics_max_series}"
             raise SettingsError(msg)
@@ -115,6 +125,10 @@ class Settings:
             values["stats_interval_s"] = float(env["TAILGUARD_STATS_INTERVAL_S"])
         if env.get("TAILGUARD_CHECKPOINT_S"):
             values["checkpoint_interval_s"] = float(env["TAILGUARD_CHECKPOINT_S"])
+        if env.get("TAILGUARD_CHECKPOINT_SHARE"):
+            values["checkpoint_max_share"] = float(env["TAILGUARD_CHECKPOINT_SHARE"])
+        if env.get("TAILGUARD_CHECKPOINT_MAX_S"):
+            values["checkpoint_max_interval_s"] = float(env["TAILGUARD_CHECKPOINT_MAX_S"])
         if env.get("TAILGUARD_WEB_PORT"):
             values["web_port"] = int(env["TAILGUARD_WEB_PORT"])
             values["web_enabled"] = True

@@ -8,9 +8,11 @@ series bound for one partition, as columns):
    idempotent per bucket and input offset;
 3. for every minute bucket the event-time watermark closed, publish a *final*
    snapshot of each configured window ending there and evaluate the SLOs;
-4. every ``checkpoint_interval_s`` per partition: flush what was published,
-   write the changed series and breach states to the tables (changelogged),
-   then acknowledge the input they hold.
+4. every ``checkpoint_interval_s`` per partition, or less often when that would
+   take more than ``checkpoint_max_share`` of the agent's time
+   (:class:`~tailguard.agents.cadence.CheckpointCadence`): flush what was
+   published, write the changed series and breach states to the tables
+   (changelogged), then acknowledge the input they hold.
 
 The stream is consumed without automatic acks, so the committed offset
 never runs ahead of the stored state: after a crash the input since the
@@ -36,6 +38,7 @@ import faust
 from faust.streams import _current_event
 from faust.types import TP
 from tailguard.agents.breaches import BreachEngine
+from tailguard.agents.cadence import CheckpointCadence
 from tailguard.agents.internal import decode_groups, partition_for, series_key
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
@@ -210,7 +213,11 @@ def register_sli(
 
         return on_close
 
-    last_checkpoint: dict[int, float] = {}
+    cadence = CheckpointCadence(
+        settings.checkpoint_interval_s,
+        max_share=settings.checkpoint_max_share,
+        max_interval_s=settings.checkpoint_max_interval_s,
+    )
     pending: dict[int, list[Any]] = {}
     #: Internal partitions assigned here and not revoked since (a rebalance
     #: revokes them all first).
@@ -231,8 +238,9 @@ def register_sli(
             # The broker is away or refusing: keep holding the input (it will be
             # replayed if this worker dies) and try again at the next checkpoint.
             app.log.warning("tailguard: checkpoint of partition %d deferred: %s", partition, exc)
-            last_checkpoint[partition] = time.monotonic()
+            cadence.deferred(partition, time.monotonic())
             return
+        started = time.monotonic()
         stats.checkpoints += 1
         # Breach states reach the changelog before the series metas (the store
         # flushes before writing those): a kill during the checkpoint leaves breach
@@ -254,7 +262,9 @@ def register_sli(
             return
         for held in pending.pop(partition, []):
             await stream.ack(held)
-        last_checkpoint[partition] = time.monotonic()
+        ended = time.monotonic()
+        cadence.done(partition, started, ended)
+        stats.checkpoint_seconds += ended - started
 
     @app.agent(topics.series, name="tailguard.sli")
     async def sli(stream: faust.StreamT[bytes]) -> None:
@@ -304,8 +314,7 @@ def register_sli(
             stats.duplicates += result.duplicates
             stats.replayed += result.replayed
         await send_all(outgoing)
-        since = time.monotonic() - last_checkpoint.setdefault(partition, time.monotonic())
-        if since >= settings.checkpoint_interval_s:
+        if cadence.due(partition, time.monotonic()):
             await checkpoint(manual, partition)
 
     @app.timer(max(settings.checkpoint_interval_s / 2, 0.5), name="tailguard.sli.checkpoint")
@@ -316,8 +325,7 @@ def register_sli(
         # the newest held event of that partition.
         for partition in list(pending):
             held = pending.get(partition)
-            since = time.monotonic() - last_checkpoint.get(partition, 0.0)
-            if not held or not acking or since < settings.checkpoint_interval_s:
+            if not held or not acking or not cadence.due(partition, time.monotonic()):
                 continue
             async with busy:
                 held = pending.get(partition)
@@ -383,15 +391,15 @@ def register_sli(
         mine = {tp.partition for tp in assigned if tp.topic == internal_topic}
         owned.clear()
         owned.update(mine)
-        gone = (set(pending) | set(last_checkpoint) | store.partitions()) - mine
+        gone = (set(pending) | cadence.partitions() | store.partitions()) - mine
         if gone:
             store.forget_partitions(gone)
             engine.forget_partitions(gone)
             if telemetry is not None:
                 telemetry.forget_partitions(gone)
+            cadence.forget(gone)
             for partition in gone:
                 pending.pop(partition, None)
-                last_checkpoint.pop(partition, None)
         store.needs_warm = True
 
     return sli

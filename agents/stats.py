@@ -21,6 +21,8 @@ class WorkerStats:
     breach_events: int = 0
     checkpoints: int = 0
     state_writes: int = 0
+    #: Wall time the SLI agent spent checkpointing (its share paces the checkpoints).
+    checkpoint_seconds: float = 0.0
     internal_errors: int = 0
     redelivered: int = 0
     deadletters: Counter[str] = field(default_factory=Counter)
@@ -32,5 +34,6 @@ class WorkerStats:
             f"messages={self.messages} valid={self.events_valid} applied={self.events_applied} "
             f"late={self.late} duplicates={self.duplicates} replayed={self.replayed} "
             f"deadletters={dl} snapshots={self.snapshots} checkpoints={self.checkpoints} "
+            f"checkpoint_s={self.checkpoint_seconds:.1f} "
             f"state_writes={self.state_writes} redelivered={self.redelivered}"
         )

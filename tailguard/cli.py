@@ -69,7 +69,9 @@ def cli() -> None:
     type=float,
     default=None,
     help="Seconds between state checkpoints per partition (env TAILGUARD_CHECKPOINT_S, "
-    "default 5): the most input replayed after a crash.",
+    "default 5). Stretched, up to TAILGUARD_CHECKPOINT_MAX_S (default 30), while "
+    "checkpoints would take more than TAILGUARD_CHECKPOINT_SHARE (default 0.2) of the "
+    "SLI agent's time; the longest period is the most input replayed after a crash.",
 )
 @click.option(
     "--slo-file",

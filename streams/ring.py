@@ -542,7 +542,12 @@ class SeriesWindows:
         return parts
 
     def window(self, window_ms: int, end_ms: int | None = None) -> Bucket:
-        """Merged bucket (counters, digests, exemplars) of ``[end − W, end)``."""
+        """Merged bucket (counters, digests, exemplars) of ``[end − W, end)``.
+
+        Read it, do not change it: a window of closed buckets only is the merged
+        bucket kept for that end (until :meth:`release_window_cache`), shared by
+        every reader of the end (a minute's close reads some windows three times).
+        """
         end = self.default_end() if end_ms is None else end_ms
         parts = self._parts(window_ms, end)
         closed = [p for p in parts if p.ids is None and not p.refill]
@@ -557,7 +562,7 @@ class SeriesWindows:
             if len(self._closed_cache) >= 32:
                 self._closed_cache.clear()
             cached = self._closed_cache[key] = Bucket.combine(closed, mc)
-        return Bucket.combine([cached, *live], mc) if live else Bucket.combine([cached], mc)
+        return Bucket.combine([cached, *live], mc) if live else cached
 
     def release_window_cache(self) -> None:
         """Forget the merged closed parts :meth:`window` keeps.

@@ -3,7 +3,9 @@
     python -m bench.burst                 (make bench runs it after the throughput run)
 
 A producer sends inference events in real time (event time = wall-clock time)
-at ``BURST_BASE`` events/s (default 1,500, over 2,000 series), then at ten
+at ``BURST_BASE`` events/s (default 1,500, over 2,000 series: 100 deployments
+— service × model, what the capacity agent tracks — of 20 tenants each, laid out
+as in the throughput benchmark), then at ten
 times that for ``BURST_S`` seconds (default 60), then at the base rate again.
 Every half second the benchmark reads, for the worker's consumer group, the
 lag (end offset − committed offset) of the input topic and of the internal
@@ -35,6 +37,7 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, To
 from confluent_kafka.admin import AdminClient
 
 from bench.common import machine, run, worker_counters, write_result
+from bench.throughput import series_fields
 from tailguard.catalogue import catalogue
 from tailguard.kafka_admin import create_topics
 
@@ -133,8 +136,7 @@ def main() -> None:
                     {
                         "event_id": f"{tag}-{produced + i}",
                         "ts_ms": ts,
-                        "service": f"svc{int(s) % 20}",
-                        "model": f"m{int(s) // 20}",
+                        **series_fields(int(s), SERIES),
                         "status": "ok",
                         "ttft_ms": round(float(t), 2),
                         "e2e_ms": round(float(t) + 400.0, 2),
@@ -172,11 +174,13 @@ def main() -> None:
         proc.terminate()
         proc.wait(60)
         marks.close()
+    layout = [series_fields(s, SERIES) for s in range(SERIES)]
     result = {
         "base_events_per_s": BASE,
         "burst_events_per_s": BASE * FACTOR,
         "burst_s": BURST_S,
         "series": SERIES,
+        "deployments": len({(f["service"], f["model"]) for f in layout}),
         "peak_lag": {
             "input_messages": max(s["input_lag"] for s in samples),
             "internal_messages": max(s["internal_lag"] for s in samples),

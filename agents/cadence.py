@@ -13,10 +13,20 @@ checkpoint durations added up, divided by ``max_share`` (each partition's
 checkpoint recurs after that gap, so together they take at most ``max_share``
 of the agent's time), and never more than ``max_interval_s``, which bounds the
 input a crash makes the worker replay and how far the committed offsets lag.
+A partition that has not checkpointed for twice that long has gone quiet (a
+partition without new input holds nothing to write): its last duration no
+longer recurs, so it stops counting.
+
+A duration is wall time, from the start of the writes to the last
+acknowledgement, including the waits for the producer to deliver: the agent
+holds its lock all along, so for that long it folds nothing (other agents may
+run meanwhile, so under load this overstates the CPU spent, and errs towards
+longer periods — bounded by ``max_interval_s``).
 
 Pure bookkeeping with the caller's clock: unit-tested without a worker.
 """
 
+import math
 from dataclasses import dataclass, field
 
 __all__ = ["CheckpointCadence"]
@@ -41,18 +51,25 @@ class CheckpointCadence:
         if not 0 < self.max_share <= 1:
             msg = f"checkpoint share must be in (0, 1], got {self.max_share}"
             raise ValueError(msg)
+        if not (self.max_interval_s > 0 and math.isfinite(self.max_interval_s)):
+            got = self.max_interval_s
+            msg = f"longest checkpoint period must be a finite number of seconds > 0, got {got}"
+            raise ValueError(msg)
         # A maximum under the minimum would be ignored silently; make it the minimum.
         self.max_interval_s = max(self.max_interval_s, self.interval_s)
 
-    def gap(self) -> float:
-        """Seconds from a partition's checkpoint to its next, as things stand."""
-        paced = sum(self._took.values()) / self.max_share
-        return min(max(self.interval_s, paced), self.max_interval_s)
+    def gap(self, now: float) -> float:
+        """Seconds from a partition's checkpoint to its next, as things stand at ``now``."""
+        quiet = 2 * self.max_interval_s
+        recurring = sum(
+            took for p, took in self._took.items() if now - self._since.get(p, now) <= quiet
+        )
+        return min(max(self.interval_s, recurring / self.max_share), self.max_interval_s)
 
     def due(self, partition: int, now: float) -> bool:
         """Whether ``partition`` should checkpoint now (a new partition starts its clock)."""
         since = self._since.setdefault(partition, now)
-        return now - since >= self.gap()
+        return now - since >= self.gap(now)
 
     def done(self, partition: int, started: float, ended: float) -> None:
         """A checkpoint of ``partition`` ran from ``started`` to ``ended``."""

@@ -1,5 +1,6 @@
 """Worker settings: one dataclass, read from flags and ``TAILGUARD_*`` environment variables."""
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +96,14 @@ class Settings:
             raise SettingsError(msg)
         if not 0 < self.checkpoint_max_share <= 1:
             msg = f"checkpoint_max_share must be in (0, 1], got {self.checkpoint_max_share}"
+            raise SettingsError(msg)
+        if not (
+            self.checkpoint_max_interval_s > 0 and math.isfinite(self.checkpoint_max_interval_s)
+        ):
+            msg = (
+                "checkpoint_max_interval_s must be a finite number of seconds > 0, "
+                f"got {self.checkpoint_max_interval_s}"
+            )
             raise SettingsError(msg)
         if self.metrics_max_series < 0:
             msg = f"metrics_max_series must be ≥ 0, got {self.metrics_max_series}"

@@ -304,7 +304,7 @@ class Telemetry:
         counters = {
             f.name: getattr(stats, f.name)
             for f in fields(stats)
-            if isinstance(getattr(stats, f.name), int)
+            if isinstance(getattr(stats, f.name), int | float)
         }
         counters["deadletters"] = sum(stats.deadletters.values())
         breached = set()

@@ -1,5 +1,7 @@
 """The SLI agent's checkpoint pacing: every interval, unless that would take too much time."""
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,7 +20,7 @@ def test_cheap_checkpoints_keep_the_interval():
     c = CheckpointCadence(5.0, max_share=0.2)
     c.due(0, 0.0)
     c.done(0, started=5.0, ended=5.1)  # 0.1 s: 0.5 s paced, under the 5 s interval
-    assert c.gap() == 5.0
+    assert c.gap(5.1) == 5.0
     assert not c.due(0, 10.0)
     assert c.due(0, 10.1)
 
@@ -26,7 +28,7 @@ def test_cheap_checkpoints_keep_the_interval():
 def test_costly_checkpoints_stretch_the_period_to_the_share():
     c = CheckpointCadence(5.0, max_share=0.2, max_interval_s=60.0)
     c.done(0, started=0.0, ended=2.0)  # 2 s each: 10 s apart keeps them at 20 %
-    assert c.gap() == pytest.approx(10.0)
+    assert c.gap(2.0) == pytest.approx(10.0)
     assert not c.due(0, 11.9)
     assert c.due(0, 12.0)
 
@@ -36,23 +38,40 @@ def test_the_share_counts_every_owned_partition():
     c = CheckpointCadence(5.0, max_share=0.2, max_interval_s=60.0)
     for p in range(4):
         c.done(p, started=float(p), ended=float(p) + 1.0)
-    assert c.gap() == pytest.approx(20.0)
+    assert c.gap(4.0) == pytest.approx(20.0)
     # A partition that moves away stops counting.
     c.forget({2, 3})
-    assert c.gap() == pytest.approx(10.0)
+    assert c.gap(4.0) == pytest.approx(10.0)
     assert c.partitions() == {0, 1}
+
+
+def test_a_partition_gone_quiet_stops_slowing_the_others():
+    # Found in review: partition 1's one costly checkpoint (say the first after a
+    # restore) kept partition 0's cheap ones 25 s apart for as long as 1 stayed quiet.
+    c = CheckpointCadence(5.0, max_share=0.2, max_interval_s=30.0)
+    c.done(1, started=0.0, ended=5.0)
+    c.done(0, started=5.0, ended=5.01)
+    assert c.gap(10.0) == pytest.approx(25.05)  # 1 may still recur: it counts
+    now = 5.01
+    for _ in range(10):  # partition 0 goes on; 1 holds no input, so never checkpoints
+        now += c.gap(now) + 1e-9
+        assert c.due(0, now)
+        c.done(0, started=now, ended=now + 0.01)
+        now += 0.01
+    assert now - 5.0 > 60.0
+    assert c.gap(now) == 5.0  # 1 has been quiet for twice the longest period
 
 
 def test_the_period_never_exceeds_the_maximum():
     c = CheckpointCadence(5.0, max_share=0.1, max_interval_s=30.0)
     c.done(0, started=0.0, ended=9.0)  # would pace to 90 s
-    assert c.gap() == 30.0
+    assert c.gap(9.0) == 30.0
     assert c.due(0, 39.0)
 
 
 def test_a_maximum_below_the_interval_is_the_interval():
     c = CheckpointCadence(60.0, max_interval_s=30.0)
-    assert c.gap() == 60.0
+    assert c.gap(0.0) == 60.0
 
 
 def test_a_deferred_checkpoint_waits_a_gap_and_keeps_the_old_duration():
@@ -63,16 +82,27 @@ def test_a_deferred_checkpoint_waits_a_gap_and_keeps_the_old_duration():
     assert c.due(0, 28.0)
 
 
-@pytest.mark.parametrize(("interval", "share"), [(0.0, 0.2), (-1.0, 0.2), (5.0, 0.0), (5.0, 1.5)])
-def test_nonsense_is_refused(interval, share):
+@pytest.mark.parametrize(
+    ("interval", "share", "longest"),
+    [(0.0, 0.2, 30.0), (-1.0, 0.2, 30.0), (5.0, 0.0, 30.0), (5.0, 1.5, 30.0)]
+    + [(5.0, 0.2, bad) for bad in (math.nan, math.inf, 0.0, -5.0)],
+)
+def test_nonsense_is_refused(interval, share, longest):
     with pytest.raises(ValueError, match="checkpoint"):
-        CheckpointCadence(interval, max_share=share)
+        CheckpointCadence(interval, max_share=share, max_interval_s=longest)
 
 
 @pytest.mark.parametrize("share", [0.0, -0.1, 1.01])
 def test_settings_refuse_a_share_outside_zero_to_one(share):
     with pytest.raises(SettingsError, match="checkpoint_max_share"):
         Settings(checkpoint_max_share=share)
+
+
+@pytest.mark.parametrize("longest", [math.nan, math.inf, 0.0, -1.0])
+def test_settings_refuse_a_longest_period_that_is_no_bound(longest):
+    # NaN or infinity would silently remove the bound on what a crash replays.
+    with pytest.raises(SettingsError, match="checkpoint_max_interval_s"):
+        Settings(checkpoint_max_interval_s=longest)
 
 
 def test_settings_read_the_pacing_from_the_environment(monkeypatch):
@@ -87,30 +117,35 @@ def test_settings_read_the_pacing_from_the_environment(monkeypatch):
     interval=st.floats(0.5, 20.0),
     share=st.floats(0.05, 1.0),
     cap=st.floats(0.5, 120.0),
-    costs=st.lists(st.floats(0.0, 10.0), min_size=1, max_size=200),
+    partitions=st.integers(1, 4),
+    costs=st.lists(st.floats(0.0, 10.0), min_size=2, max_size=200),
+    data=st.data(),
 )
-def test_checkpoints_take_at_most_the_share_unless_capped(interval, share, cap, costs):
-    """Simulated: one partition, checkpoints as often as the cadence allows; over any
-    run the time spent checkpointing is within the share (of the time between the
-    first checkpoint's start and the last's end), or every gap was at the cap."""
+def test_busy_partitions_checkpoint_within_the_share_or_at_the_cap(
+    interval, share, cap, partitions, costs, data
+):
+    """Simulated agent: partitions with input checkpoint, one at a time, whenever the
+    cadence says so (costs drawn). Every gap a partition waits is at least the
+    interval, at most the cap, and — unless it is the cap — at least the owned
+    partitions' latest costs over the share: so over a round, checkpointing takes
+    at most the share of the time unless the cap bounds it."""
     c = CheckpointCadence(interval, max_share=share, max_interval_s=cap)
     now = 0.0
-    c.due(0, now)
-    spent = 0.0
-    capped = False
-    first_start = None
+    for p in range(partitions):
+        c.due(p, now)
     for cost in costs:
-        gap = c.gap()
-        capped = capped or gap >= c.max_interval_s
-        now += gap + 1e-9  # (float sums: a hair past the due time)
-        assert c.due(0, now)
-        first_start = now if first_start is None else first_start
-        c.done(0, started=now, ended=now + cost)
-        spent += cost
+        gap = c.gap(now)
+        assert interval - 1e-9 <= gap <= max(cap, interval) + 1e-9
+        latest = sum(c._took.values())  # every partition here is busy: all recur
+        if gap < c.max_interval_s - 1e-9:
+            assert gap >= latest / share - 1e-9
+        # The partition due soonest goes next (the agent runs one checkpoint at a time).
+        p = min(range(partitions), key=lambda q: c._since[q])
+        now = max(now, c._since[p] + gap) + 1e-9
+        assert c.due(p, now)
+        c.done(p, started=now, ended=now + cost)
         now += cost
-        # The next one waits its gap from this one's end, which depends on its cost only.
-        assert c.gap() >= min(cost / share, c.max_interval_s) - 1e-9
-        assert c.gap() >= interval - 1e-9
-    if len(costs) > 1 and not capped:
-        # Each checkpoint after the first followed a gap ≥ the previous cost / share.
-        assert spent - costs[-1] <= share * (now - costs[-1] - first_start) + 1e-6
+        if data.draw(st.booleans(), label="other partition checks in"):
+            q = data.draw(st.integers(0, partitions - 1))
+            c.due(q, now)  # asking never moves a known partition's clock
+            assert c._since[q] <= now

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from tailguard.streams import WINDOWS, CorruptStateError, RingConfig, SeriesWindows
+from tailguard.streams import WINDOWS, CorruptStateError, RingConfig, SeriesWindows, summarize
+from tailguard.streams.bucket import Bucket
 
 SECOND_MS = 1_000
 MINUTE_MS = 60_000
@@ -543,3 +544,25 @@ def test_both_paths_judge_lateness_alike_after_a_duplicate(make_event: Any) -> N
         b = slow._add_replay(cols, None)
         assert (a.accepted, a.late, a.duplicates) == (b.accepted, b.late, b.duplicates), older
         assert fast.watermark_ms == slow.watermark_ms
+
+
+@pytest.mark.parametrize(("window", "end_minute"), [("1m", 60), ("5m", 47), ("1h", 61)])
+def test_readers_of_a_closed_window_share_one_merged_bucket_and_leave_it_as_it_was(
+    ninety_minutes: SeriesWindows, t0: int, window: str, end_minute: int
+) -> None:
+    # window() hands every reader of a closed end the same merged bucket (a minute's
+    # close reads some windows three times). The readers must only read: after the
+    # snapshot summary (with digests) it is byte for byte a fresh merge of its parts,
+    # and so are the ring's own buckets.
+    ring = ninety_minutes
+    ms, end = WINDOWS[window], minute(t0, end_minute)
+    ring_before = {start: b.to_bytes() for start, b in ring.fine.items()}
+    first = ring.window(ms, end)
+    summarize(first, ms, ring.thresholds, with_digests=True)
+    again = ring.window(ms, end)
+    assert again is first
+    fresh = Bucket.combine(ring._parts(ms, end), ring.config.max_centroids)
+    assert again.to_bytes() == fresh.to_bytes()
+    assert {start: b.to_bytes() for start, b in ring.fine.items()} == ring_before
+    ring.release_window_cache()
+    assert ring.window(ms, end) is not first

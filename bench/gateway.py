@@ -76,6 +76,17 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _cpu_list(cpus: set[int]) -> str:
+    """``{0, 1, 2, 5}`` → ``"0-2,5"``."""
+    runs: list[list[int]] = []
+    for c in sorted(cpus):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def _broker_answers(broker: str) -> bool:
     from confluent_kafka.admin import AdminClient
 
@@ -319,7 +330,8 @@ def main() -> None:
         },
         "machine": {
             **machine(
-                "upstream and driver on one core, the gateway on the other"
+                f"upstream and driver on CPUs {_cpu_list(load_cpus)}, "
+                f"the gateway alone on CPU {_cpu_list(gateway_cpus)}"
                 if args.placement == "own-core"
                 else "upstream, gateway and driver on the same shared cores"
             ),

@@ -45,15 +45,17 @@ class CheckpointCadence:
     _took: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # Messages name the worker settings these come from (``Settings`` builds
+        # a cadence to check them, and passes the message on to the operator).
         if not self.interval_s > 0:
-            msg = f"checkpoint interval must be > 0 s, got {self.interval_s}"
+            msg = f"checkpoint_interval_s must be > 0 s, got {self.interval_s}"
             raise ValueError(msg)
         if not 0 < self.max_share <= 1:
-            msg = f"checkpoint share must be in (0, 1], got {self.max_share}"
+            msg = f"checkpoint_max_share must be in (0, 1], got {self.max_share}"
             raise ValueError(msg)
         if not (self.max_interval_s > 0 and math.isfinite(self.max_interval_s)):
             got = self.max_interval_s
-            msg = f"longest checkpoint period must be a finite number of seconds > 0, got {got}"
+            msg = f"checkpoint_max_interval_s must be a finite number of seconds > 0, got {got}"
             raise ValueError(msg)
         # A maximum under the minimum would be ignored silently; make it the minimum.
         self.max_interval_s = max(self.max_interval_s, self.interval_s)

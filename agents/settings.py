@@ -1,10 +1,10 @@
 """Worker settings: one dataclass, read from flags and ``TAILGUARD_*`` environment variables."""
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tailguard.agents.cadence import CheckpointCadence
 from tailguard.agents.errors import SettingsError
 
 from tailguard.catalogue import default_partitions, default_prefix
@@ -91,20 +91,10 @@ class Settings:
         if self.partitions < 1:
             msg = f"partitions must be ≥ 1, got {self.partitions}"
             raise SettingsError(msg)
-        if not self.checkpoint_interval_s > 0:
-            msg = f"checkpoint_interval_s must be > 0, got {self.checkpoint_interval_s}"
-            raise SettingsError(msg)
-        if not 0 < self.checkpoint_max_share <= 1:
-            msg = f"checkpoint_max_share must be in (0, 1], got {self.checkpoint_max_share}"
-            raise SettingsError(msg)
-        if not (
-            self.checkpoint_max_interval_s > 0 and math.isfinite(self.checkpoint_max_interval_s)
-        ):
-            msg = (
-                "checkpoint_max_interval_s must be a finite number of seconds > 0, "
-                f"got {self.checkpoint_max_interval_s}"
-            )
-            raise SettingsError(msg)
+        try:
+            self.checkpoint_cadence()
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
         if self.metrics_max_series < 0:
             msg = f"metrics_max_series must be ≥ 0, got {self.metrics_max_series}"
             raise SettingsError(msg)
@@ -118,6 +108,14 @@ class Settings:
         if self.ingest_batch < 1 or self.ingest_within_s <= 0:
             msg = "ingest_batch must be ≥ 1 and ingest_within_s > 0"
             raise SettingsError(msg)
+
+    def checkpoint_cadence(self) -> CheckpointCadence:
+        """A fresh :class:`CheckpointCadence` from the three ``checkpoint_*`` settings."""
+        return CheckpointCadence(
+            self.checkpoint_interval_s,
+            max_share=self.checkpoint_max_share,
+            max_interval_s=self.checkpoint_max_interval_s,
+        )
 
     @classmethod
     def from_env(cls, **overrides: object) -> "Settings":

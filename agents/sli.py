@@ -38,7 +38,6 @@ import faust
 from faust.streams import _current_event
 from faust.types import TP
 from tailguard.agents.breaches import BreachEngine
-from tailguard.agents.cadence import CheckpointCadence
 from tailguard.agents.internal import decode_groups, partition_for, series_key
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
@@ -213,11 +212,7 @@ def register_sli(
 
         return on_close
 
-    cadence = CheckpointCadence(
-        settings.checkpoint_interval_s,
-        max_share=settings.checkpoint_max_share,
-        max_interval_s=settings.checkpoint_max_interval_s,
-    )
+    cadence = settings.checkpoint_cadence()
     pending: dict[int, list[Any]] = {}
     #: Internal partitions assigned here and not revoked since (a rebalance
     #: revokes them all first).

@@ -98,6 +98,12 @@ def test_settings_refuse_a_share_outside_zero_to_one(share):
         Settings(checkpoint_max_share=share)
 
 
+@pytest.mark.parametrize("interval", [0.0, -5.0, math.nan])
+def test_settings_refuse_a_checkpoint_interval_that_is_not_positive(interval):
+    with pytest.raises(SettingsError, match="checkpoint_interval_s"):
+        Settings(checkpoint_interval_s=interval)
+
+
 @pytest.mark.parametrize("longest", [math.nan, math.inf, 0.0, -1.0])
 def test_settings_refuse_a_longest_period_that_is_no_bound(longest):
     # NaN or infinity would silently remove the bound on what a crash replays.

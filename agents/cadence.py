@@ -47,8 +47,9 @@ class CheckpointCadence:
     def __post_init__(self) -> None:
         # Messages name the worker settings these come from (``Settings`` builds
         # a cadence to check them, and passes the message on to the operator).
-        if not self.interval_s > 0:
-            msg = f"checkpoint_interval_s must be > 0 s, got {self.interval_s}"
+        if not (self.interval_s > 0 and math.isfinite(self.interval_s)):
+            got = self.interval_s
+            msg = f"checkpoint_interval_s must be a finite number of seconds > 0, got {got}"
             raise ValueError(msg)
         if not 0 < self.max_share <= 1:
             msg = f"checkpoint_max_share must be in (0, 1], got {self.max_share}"

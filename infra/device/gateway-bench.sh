@@ -28,7 +28,8 @@ fi
 mkdir -p /tmp/pp/tailguard
 cp -r tailguard/* /tmp/pp/tailguard/
 for d in streams schemas agents; do rm -rf "/tmp/pp/tailguard/$d"; cp -r "$d" "/tmp/pp/tailguard/$d"; done
-rm -rf /tmp/pp/bench && cp -r bench /tmp/pp/bench && mkdir -p /tmp/pp/bench/results
+rm -rf /tmp/pp/bench && cp -r bench /tmp/pp/bench
+rm -rf /tmp/pp/bench/results && mkdir -p /tmp/pp/bench/results  # no committed result passes as new
 
 t unpack
 rm -rf /tmp/jre /tmp/k0 /tmp/kst
@@ -37,22 +38,31 @@ mkdir -p /tmp/kst/kafka && mv /tmp/k0 /tmp/kst/kafka/lib
 export JAVA_HOME=/tmp/jre TAILGUARD_STATE_DIR=/tmp/kst
 export TAILGUARD_KAFKA_PORT="${KPORT:-19092}" TAILGUARD_KAFKA_CONTROLLER_PORT="${KCPORT:-19093}"
 export TAILGUARD_BROKER="127.0.0.1:$TAILGUARD_KAFKA_PORT"
-last=$(( $(nproc) - 1 ))
+# The bench gives the last CPU this process may use to the gateway alone.
+broker_cpus="$($PY -c 'import os; c = sorted(os.sched_getaffinity(0)); print(",".join(map(str, c[:-1] or c)))')"
 
-t "kafka up on CPUs 0-$((last - 1))"
-taskset -c "0-$((last - 1))" infra/kafka/kafka.sh up 2>&1 | grep -v '^\s*at ' | tail -5
+t "kafka up on CPUs $broker_cpus"
+taskset -c "$broker_cpus" infra/kafka/kafka.sh up 2>&1 | grep -v '^\s*at ' | tail -5
 infra/kafka/kafka.sh status >/dev/null || { t "broker did not start"; exit 1; }
 
 cd /tmp/pp || exit 1
 export PYTHONPATH=/tmp/pp
+status=0
 for n in ${RUNS:-1 2}; do
     t "bench run $n"
     timeout "${BENCH_TIMEOUT:-230}" "$PY" -m bench.gateway --name "gateway-kafka-device-$n" \
         --warm-s "${WARM:-15}" ${BENCH_ARGS:-} >"$OUT/bench-$n.log" 2>&1
-    echo "rc=$?"
-    grep -E '"added_p99_chunk_ms"|"added_p99_ttft_ms"|median_round|"kafka"|"published"|"dropped"|per_request_ms|target_met' "$OUT/bench-$n.log"
-    cp "bench/results/gateway-kafka-device-$n.json" "$OUT/" 2>/dev/null
+    rc=$?
+    echo "rc=$rc"
+    if (( rc == 0 )); then
+        grep -E '"added_p99_chunk_ms"|"added_p99_ttft_ms"|median_round|"kafka"|"published"|"dropped"|per_request_ms|target_met' "$OUT/bench-$n.log"
+        cp "bench/results/gateway-kafka-device-$n.json" "$OUT/"
+    else
+        tail -n 20 "$OUT/bench-$n.log"
+        status=$rc
+    fi
 done
 cd "$REPO" && infra/kafka/kafka.sh down >/dev/null 2>&1
 cp /tmp/kst/kafka/logs/server.log "$OUT/" 2>/dev/null
 t end
+exit "$status"

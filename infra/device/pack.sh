@@ -27,7 +27,7 @@ die() { printf 'pack.sh: %s\n' "$*" >&2; exit 1; }
 [[ -f "$LIB/.resolved" ]] || die "no Kafka jars under $LIB: run infra/kafka/kafka.sh up first (or set TAILGUARD_STATE_DIR)"
 [[ -d "$JDK/jmods" ]] || die "no jmods under $JDK: jlink needs a full JDK 17 (set JDK17)"
 
-exclude="$(git -C "$REPO_ROOT" rev-parse --git-path info/exclude)"
+exclude="$(git -C "$REPO_ROOT" rev-parse --path-format=absolute --git-path info/exclude)"
 mkdir -p "$(dirname "$exclude")"
 for d in /.devkafka/ /.devwheels/; do
     grep -qxF "$d" "$exclude" 2>/dev/null || printf '%s\n' "$d" >>"$exclude"
@@ -44,7 +44,8 @@ strip --strip-unneeded "$work/jre/lib/server/libjvm.so"
 rm -f "$work"/jre/lib/{libawt_xawt,libsplashscreen,libfontmanager,libjsound}.so
 tar -C "$work" -cf - jre | xz -9 -T0 >"$KAFKA_OUT/jre.tar.xz"
 
-# 2. The broker's jars: natives for linux/amd64 only, entries stored.
+# 2. The broker's jars: natives for linux/amd64 only (this also drops netty's
+#    epoll library under META-INF/native, which the broker does not load), entries stored.
 mkdir -p "$work/k0" "$work/x"
 for jar in "$LIB"/*.jar; do
     rm -rf "$work/x" && mkdir "$work/x"

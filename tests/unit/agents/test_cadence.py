@@ -84,7 +84,7 @@ def test_a_deferred_checkpoint_waits_a_gap_and_keeps_the_old_duration():
 
 @pytest.mark.parametrize(
     ("interval", "share", "longest"),
-    [(0.0, 0.2, 30.0), (-1.0, 0.2, 30.0), (5.0, 0.0, 30.0), (5.0, 1.5, 30.0)]
+    [(0.0, 0.2, 30.0), (-1.0, 0.2, 30.0), (math.inf, 0.2, 30.0), (5.0, 0.0, 30.0), (5.0, 1.5, 30.0)]
     + [(5.0, 0.2, bad) for bad in (math.nan, math.inf, 0.0, -5.0)],
 )
 def test_nonsense_is_refused(interval, share, longest):
@@ -98,8 +98,8 @@ def test_settings_refuse_a_share_outside_zero_to_one(share):
         Settings(checkpoint_max_share=share)
 
 
-@pytest.mark.parametrize("interval", [0.0, -5.0, math.nan])
-def test_settings_refuse_a_checkpoint_interval_that_is_not_positive(interval):
+@pytest.mark.parametrize("interval", [0.0, -5.0, math.nan, math.inf])
+def test_settings_refuse_a_checkpoint_interval_that_is_not_a_positive_number(interval):
     with pytest.raises(SettingsError, match="checkpoint_interval_s"):
         Settings(checkpoint_interval_s=interval)
 

@@ -17,23 +17,31 @@ State lives in the RocksDB table ``tailguard-capacity`` (changelogged, one
 partition per partition of the internal topic, which is keyed by deployment),
 as bytes of :mod:`tailguard.streams.capacity_state`::
 
-    C␟service|model          core: load window, knee history and published knee,
-                             scaling hysteresis and episode, warm-up, GPUs seen,
-                             offset of the last applied message
+    C␟service|model          core: load window, published knee, scaling
+                             hysteresis and episode, warm-up, GPUs seen, offset
+                             of the last applied message
+    K␟service|model          knee history, recent candidates, published knee
+                             (written only when a load interval closed)
     E␟service|model          expert breakers and recent expert traffic
     R␟service|model␟index    one RAG index: similarity window and threshold
 
 Per message: the deployment is read from the table once (then kept in memory
 until the next partition assignment), the rows are applied, the records they
-produced are flushed, and then the records that changed are written — experts
-and indexes first, the core (with the message's offset) last. A restarted
+produced are flushed, and then the records that changed are written — experts,
+indexes and the knee first, the core (with the message's offset) last. The core
+is small (~0.3 KB with light traffic): the knee history (~8 KB) is written only
+when an interval closed, every 10 s of event time, not with every message — with
+thousands of deployments each message holds a few rows, and rewriting the
+history per message made the agent write 8 KB of changelog per request. A restarted
 worker (same data directory, or a new one restored from the changelog)
 continues with the same knee, episode, breakers and thresholds: no second
 scale_up for an overload it already answered, no breaker closed by a restart.
 A message at or below the stored offset was applied already (a crash between
 the writes and the consumer's commit) and is skipped; a crash between the
 component writes and the core write can re-apply one message to breakers and
-indexes (counted, never lost).
+indexes (counted, never lost); a crash between the knee write and the core
+write re-closes an interval whose sample the history has already, and the
+tracker ignores a sample no newer than its newest.
 """
 
 import asyncio
@@ -64,9 +72,11 @@ from tailguard.streams.capacity_state import (
     CoreState,
     decode_core,
     decode_experts,
+    decode_knee,
     decode_rag,
     encode_core,
     encode_experts,
+    encode_knee,
     encode_rag,
 )
 from tailguard.streams.errors import CorruptStateError
@@ -136,9 +146,10 @@ class _Deployment:
     core: CoreState
     experts: ExpertBreakers
     rag: dict[str, RagThreshold] = field(default_factory=dict)
-    #: Written since the last save: the expert breakers, these RAG indexes.
+    #: Written since the last save: the expert breakers, these RAG indexes, the knee.
     experts_dirty: bool = False
     rag_dirty: set[str] = field(default_factory=set)
+    knee_dirty: bool = False
 
     @classmethod
     def new(cls, service: str, model: str, tuning: CapacityTuning) -> "_Deployment":
@@ -258,6 +269,15 @@ def register_capacity(
                 cstats.restored += 1
             except CorruptStateError as exc:
                 corrupt(ckey, exc)
+        kkey = f"K{_SEP}{key}".encode()
+        raw = table.get(kkey)
+        if raw is not None:
+            try:
+                dep.core.knee = decode_knee(raw, tune.knee)
+            except CorruptStateError as exc:
+                corrupt(kkey, exc)
+        elif dep.core.knee.samples:
+            dep.knee_dirty = True  # a core written with its history (older workers): move it
         raw = table.get(ekey)
         if raw is not None:
             try:
@@ -293,8 +313,11 @@ def register_capacity(
         for index in sorted(dep.rag_dirty):
             table[f"R{_SEP}{key}{_SEP}{index}".encode()] = encode_rag(dep.rag[index])
         dep.rag_dirty.clear()
+        if dep.knee_dirty:
+            table[f"K{_SEP}{key}".encode()] = encode_knee(dep.core.knee)
+            dep.knee_dirty = False
         dep.core.offset = offset
-        table[f"C{_SEP}{key}".encode()] = encode_core(dep.core)
+        table[f"C{_SEP}{key}".encode()] = encode_core(dep.core, history=False)
 
     async def forward(
         events: Sequence[InferenceEvent], positions: Sequence[tuple[int, int]]
@@ -441,6 +464,7 @@ def register_capacity(
             before = core.load.late
             for closed in core.load.add(ts, e2e, tokens):
                 knee = core.knee.add(closed.sample)
+                dep.knee_dirty = True
                 if knee is not None:
                     publish(dep, "knee", "updated", closed.end_ms, knee.evidence())
                 util, mem, gpu_ev = gpu_state(dep)

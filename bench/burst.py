@@ -46,10 +46,27 @@ BASE = int(os.environ.get("BURST_BASE", "1500"))
 FACTOR = 10
 BURST_S = float(os.environ.get("BURST_S", "60"))
 BEFORE_S = 20.0
-AFTER_MAX_S = 600.0
+AFTER_MAX_S = float(os.environ.get("BURST_AFTER_MAX_S", "600"))
 SERIES = 2_000
+#: ``tenants`` (default): the throughput benchmark's layout, 100 deployments of 20
+#: tenants; ``deployments``: every series its own deployment (2,000 deployments),
+#: the capacity agent's worst case.
+LAYOUT = os.environ.get("BURST_LAYOUT", "tenants")
+NAME = os.environ.get("BURST_NAME", "burst")
 PER_MESSAGE = 100
 PARTITIONS = 4
+
+
+def _fields(s: int) -> dict[str, str]:
+    """The service, model, tenant and variant of series ``s`` in the chosen layout."""
+    if LAYOUT == "deployments":
+        return {
+            "service": f"svc{s % 100}",
+            "model": f"m{s // 100}",
+            "tenant": "t0",
+            "variant": "control" if s < SERIES // 2 else "treatment",
+        }
+    return series_fields(s, SERIES)
 
 
 def _committed_lag(admin: AdminClient, marks: Consumer, group: str, topic: str) -> int:
@@ -71,6 +88,7 @@ def _committed_lag(admin: AdminClient, marks: Consumer, group: str, topic: str) 
 
 def main() -> None:
     tag = uuid.uuid4().hex[:8]
+    layout = [_fields(s) for s in range(SERIES)]
     prefix = f"burst{tag}."
     app_id = f"burst-{tag}"
     create_topics(BROKER, catalogue(PARTITIONS, prefix=prefix))
@@ -136,7 +154,7 @@ def main() -> None:
                     {
                         "event_id": f"{tag}-{produced + i}",
                         "ts_ms": ts,
-                        **series_fields(int(s), SERIES),
+                        **layout[int(s)],
                         "status": "ok",
                         "ttft_ms": round(float(t), 2),
                         "e2e_ms": round(float(t) + 400.0, 2),
@@ -174,8 +192,8 @@ def main() -> None:
         proc.terminate()
         proc.wait(60)
         marks.close()
-    layout = [series_fields(s, SERIES) for s in range(SERIES)]
     result = {
+        "layout": LAYOUT,
         "base_events_per_s": BASE,
         "burst_events_per_s": BASE * FACTOR,
         "burst_s": BURST_S,
@@ -190,9 +208,11 @@ def main() -> None:
         "drained": drained_at is not None,
         "samples": samples[::4],
         "machine": machine("broker, producer and worker share the machine"),
-        "command": "make bench",
+        "command": "make bench"
+        if LAYOUT == "tenants" and NAME == "burst"
+        else (f"BURST_LAYOUT={LAYOUT} BURST_NAME={NAME} python -m bench.burst"),
     }
-    write_result("burst", result)
+    write_result(NAME, result)
     summary = {k: v for k, v in result.items() if k != "samples"}
     print(json.dumps(summary, indent=2), flush=True)
 

@@ -1,14 +1,18 @@
 """Bytes of the capacity agent's state, so a restarted worker continues where it was.
 
-Three kinds of record per deployment (service|model), each a msgpack array
+Four kinds of record per deployment (service|model), each a msgpack array
 with a version, stored by :mod:`tailguard.agents.capacity` in its RocksDB
 table (changelogged)::
 
-    core     load window (open intervals, watermark), knee history, the
-             last evaluations' knee candidates and the published knee,
+    core     load window (open intervals, watermark), the published knee,
              scaling hysteresis (streaks, last action, episode), warm-up
              tracker, GPUs seen, last published hold, and the offset of the
              last applied input message
+    knee     the knee history (up to 240 interval samples, ~8 KB), the last
+             evaluations' knee candidates and the published knee: it changes
+             only when a load interval closes, so it is written then and not
+             with every message (the core is; before, the core carried the
+             history and every message rewrote it)
     experts  every expert's breaker (state, last-100 window, probes, opened
              at) and the deployment's recent expert traffic
     rag      one index's similarity window, published threshold, refit
@@ -36,9 +40,11 @@ __all__ = [
     "CoreState",
     "decode_core",
     "decode_experts",
+    "decode_knee",
     "decode_rag",
     "encode_core",
     "encode_experts",
+    "encode_knee",
     "encode_rag",
 ]
 
@@ -87,6 +93,13 @@ class _CoreWire(msgspec.Struct, array_like=True):
     knee_recent: list[_RecentKnee | None] = []
 
 
+class _KneeWire(msgspec.Struct, array_like=True):
+    version: int
+    samples: list[tuple[int, float, float, float]]
+    published: float | None
+    recent: list[_RecentKnee | None]
+
+
 class _BreakerWire(msgspec.Struct, array_like=True):
     expert: int
     state: str
@@ -112,6 +125,7 @@ class _RagWire(msgspec.Struct, array_like=True):
 
 _core_decoder = msgspec.msgpack.Decoder(_CoreWire)
 _experts_decoder = msgspec.msgpack.Decoder(_ExpertsWire)
+_knee_decoder = msgspec.msgpack.Decoder(_KneeWire)
 _rag_decoder = msgspec.msgpack.Decoder(_RagWire)
 
 
@@ -137,14 +151,16 @@ def _recent_wire(k: Knee) -> _RecentKnee:
     return (k.concurrency, k.p95_ms, k.tokens_per_s, k.samples, k.bins, low, high)
 
 
-def encode_core(core: CoreState) -> bytes:
+def encode_core(core: CoreState, *, history: bool = True) -> bytes:
+    """The core; ``history=False`` leaves out the knee history and candidates (kept
+    in their own record, :func:`encode_knee`), the published knee stays in."""
     load, knee, scale, warm = core.load, core.knee, core.scale, core.warmup
     wire = _CoreWire(
         version=_VERSION,
         open=[(start, slot.e2e, slot.tokens) for start, slot in sorted(load.open.items())],
         closed_through=load.closed_through,
         late=load.late,
-        samples=[(s.ts_ms, s.concurrency, s.p95_ms, s.tokens_per_s) for s in knee.samples],
+        samples=_samples(knee) if history else [],
         knee_published=knee.published,
         high_streak=scale.high_streak,
         low_streak=scale.low_streak,
@@ -157,9 +173,46 @@ def encode_core(core: CoreState) -> bytes:
         gpus=sorted(core.gpus),
         last_hold=core.last_hold,
         offset=core.offset,
-        knee_recent=[None if k is None else _recent_wire(k) for k in knee.recent],
+        knee_recent=_recent(knee) if history else [],
     )
     return msgspec.msgpack.encode(wire)
+
+
+def _samples(knee: KneeTracker) -> list[tuple[int, float, float, float]]:
+    return [(s.ts_ms, s.concurrency, s.p95_ms, s.tokens_per_s) for s in knee.samples]
+
+
+def _recent(knee: KneeTracker) -> list[_RecentKnee | None]:
+    return [None if k is None else _recent_wire(k) for k in knee.recent]
+
+
+def _tracker(
+    config: KneeConfig,
+    samples: list[tuple[int, float, float, float]],
+    recent: list[_RecentKnee | None],
+    published: float | None,
+) -> KneeTracker:
+    history = deque(LoadSample(*s) for s in samples[-config.history :])
+    candidates = deque(
+        None if k is None else Knee(k[0], k[1], k[2], k[3], k[4], "kneedle", low=k[5], high=k[6])
+        for k in recent[-config.confirm_window :]
+    )
+    tracker = KneeTracker(config, history, published=published, recent=candidates)
+    if history:
+        tracker.current = find_knee(list(history), config)
+    return tracker
+
+
+def encode_knee(knee: KneeTracker) -> bytes:
+    """The knee record: history, recent candidates, published knee."""
+    wire = _KneeWire(_VERSION, _samples(knee), knee.published, _recent(knee))
+    return msgspec.msgpack.encode(wire)
+
+
+def decode_knee(data: bytes, config: KneeConfig) -> KneeTracker:
+    """The knee tracker in ``data``; :class:`CorruptStateError` when it does not restore."""
+    w = _decode(_knee_decoder, data, "knee")
+    return _tracker(config, w.samples, w.recent, w.published)
 
 
 def decode_core(
@@ -179,14 +232,7 @@ def decode_core(
         closed_through=w.closed_through,
         late=w.late,
     )
-    samples = deque(LoadSample(*s) for s in w.samples[-knee.history :])
-    recent = deque(
-        None if k is None else Knee(k[0], k[1], k[2], k[3], k[4], "kneedle", low=k[5], high=k[6])
-        for k in w.knee_recent[-knee.confirm_window :]
-    )
-    tracker = KneeTracker(knee, samples, published=w.knee_published, recent=recent)
-    if samples:
-        tracker.current = find_knee(list(samples), knee)
+    tracker = _tracker(knee, w.samples, w.knee_recent, w.knee_published)
     scale = ScaleState(w.high_streak, w.low_streak, w.last_action_ms, w.last_action, w.episode)
     warm = WarmupTracker(
         warmup_after,

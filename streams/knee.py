@@ -312,8 +312,15 @@ class KneeTracker:
     recent: deque[Knee | None] = field(default_factory=deque)
 
     def add(self, sample: LoadSample) -> Knee | None:
-        """Add a sample; return the knee when it is sure (and, after the first, moved)."""
+        """Add a sample; return the knee when it is sure (and, after the first, moved).
+
+        A sample no newer than the history's newest is ignored: intervals close in
+        order, so it is one applied already (a replay after a crash between the
+        capacity agent's knee and core writes, which are two records).
+        """
         cfg = self.config
+        if self.samples and sample.ts_ms <= self.samples[-1].ts_ms:
+            return None
         self.samples.append(sample)
         while len(self.samples) > cfg.history:
             self.samples.popleft()

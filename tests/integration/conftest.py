@@ -296,3 +296,40 @@ def collector(namespace: Namespace) -> Iterator[Callable[[str], Collector]]:
     yield make
     for c in made:
         c.close()
+
+
+def read_table(broker: str, topic: str) -> dict[bytes, bytes]:
+    """The latest value of every key of a changelog topic."""
+    meta = AdminClient({"bootstrap.servers": broker}).list_topics(topic, timeout=10)
+    parts = list(meta.topics[topic].partitions) if topic in meta.topics else []
+    if not parts:
+        return {}
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker,
+            "group.id": f"c-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+    latest: dict[bytes, bytes] = {}
+    done: set[int] = set()
+    deadline = time.monotonic() + 60
+    try:
+        while len(done) < len(parts) and time.monotonic() < deadline:
+            for m in consumer.consume(1000, timeout=0.5):
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        done.add(m.partition() or 0)
+                        continue
+                    raise AssertionError(str(err))
+                key, value = m.key() or b"", m.value()
+                if value is None:
+                    latest.pop(key, None)
+                else:
+                    latest[key] = value
+    finally:
+        consumer.close()
+    return latest

@@ -28,8 +28,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from tailguard.streams.capacity_state import decode_knee
+from tailguard.streams.knee import KneeConfig
 
 from tailguard.simulator import capacity as cap
+
+from .conftest import read_table
 
 pytestmark = pytest.mark.integration
 
@@ -209,3 +213,13 @@ def test_knee_episode_breaker_and_threshold_survive_restarts(
     assert all(r["decision"] == "lowered" for r in rag[1:]) and len(rag) >= 2, rag
     assert rag[1]["evidence"]["previous"] == rag[0]["evidence"]["threshold"]
     assert len({r["event_id"] for r in recs}) == len(recs)
+    # The knee history came through both restarts (it is a record of its own,
+    # written when an interval closes): it starts at the ramp's first interval,
+    # not at a restart, and holds each closed interval once.
+    assert worker.stop() == 0
+    state = read_table(namespace.broker, f"{namespace.app_id}-tailguard-capacity-changelog")
+    history = decode_knee(state[b"K\x1fchat|ramp"], KneeConfig()).samples
+    ends = [s.ts_ms for s in history]
+    assert ends == sorted(set(ends)), "an interval counted twice or out of order"
+    assert ends[0] <= T0 + 2 * cap.INTERVAL_MS, ends[:3]
+    assert len(ends) == (ends[-1] - ends[0]) // cap.INTERVAL_MS + 1

@@ -15,7 +15,7 @@ from tailguard.streams.knee import (
 
 
 def curve(
-    knee: float, *, top: float, n: int = 60, seed: int = 1, noise: float = 0.03
+    knee: float, *, top: float, n: int = 60, seed: int = 1, noise: float = 0.03, start: int = 0
 ) -> list[LoadSample]:
     """Flat P95 up to ``knee``, then a steep rise (queueing), with multiplicative noise."""
     rng = np.random.default_rng(seed)
@@ -24,7 +24,7 @@ def curve(
         base = 300.0 + 20.0 * c / knee
         p95 = base if c <= knee else base + 900.0 * ((c - knee) / knee) ** 1.5 * 4
         p95 *= 1 + noise * rng.standard_normal()
-        out.append(LoadSample(i * 10_000, float(c), float(p95), float(min(c, knee) * 50)))
+        out.append(LoadSample(start + i * 10_000, float(c), float(p95), float(min(c, knee) * 50)))
     return out
 
 
@@ -70,11 +70,33 @@ def test_tracker_publishes_a_knee_once_and_again_only_when_it_moves() -> None:
     assert published
     assert abs(published[-1].concurrency - 8.0) <= 0.8  # type: ignore[operator]
     # More of the same curve: no new publication.
-    again = [k for s in curve(8.0, top=16.0, seed=9) if (k := tracker.add(s)) is not None]
+    later = 600_000  # each curve's intervals after the last one's
+    again = [
+        k for s in curve(8.0, top=16.0, seed=9, start=later) if (k := tracker.add(s)) is not None
+    ]
     assert again == [] or all(abs(k.concurrency - 8.0) <= 0.8 for k in again)  # type: ignore[operator]
     # Traffic changes (a faster deployment): the knee follows.
-    moved = [k for s in curve(16.0, top=32.0, seed=5) if (k := tracker.add(s)) is not None]
+    moved = [
+        k
+        for s in curve(16.0, top=32.0, seed=5, start=2 * later)
+        if (k := tracker.add(s)) is not None
+    ]
     assert moved and abs(moved[-1].concurrency - 16.0) <= 1.6  # type: ignore[operator]
+
+
+def test_a_sample_no_newer_than_the_history_is_ignored() -> None:
+    # A replay after a crash between the knee and core writes re-closes an interval
+    # the history holds already: it must not count twice.
+    samples = curve(8.0, top=16.0)
+    tracker, once = KneeTracker(KneeConfig(history=60)), KneeTracker(KneeConfig(history=60))
+    for s in samples:
+        tracker.add(s)
+        assert tracker.add(s) is None  # the same interval again
+        tracker.add(samples[0])  # an older one
+        once.add(s)
+    assert list(tracker.samples) == list(once.samples)
+    assert list(tracker.recent) == list(once.recent)
+    assert tracker.published == once.published is not None
 
 
 def demo_traffic(seed: int, intervals: int, rate: float = 1.0) -> list[LoadSample]:

@@ -11,9 +11,11 @@ from tailguard.streams.capacity_state import (
     CoreState,
     decode_core,
     decode_experts,
+    decode_knee,
     decode_rag,
     encode_core,
     encode_experts,
+    encode_knee,
     encode_rag,
 )
 from tailguard.streams.errors import CorruptStateError
@@ -80,16 +82,34 @@ class Replay:
         rag = decode_rag(encode_rag(self.rag), RagConfig())
         return Replay(core, experts, rag, list(self.out))
 
+    def restored_split(self, core: bytes | None = None) -> "Replay":
+        """As the agent stores it: the core without the history, the knee apart.
+
+        ``core``: an older core record (a crash after the knee write, before the
+        core write of the same message)."""
+        back = self.restored()
+        back.core = decode_core(
+            core if core is not None else encode_core(self.core, history=False),
+            interval_ms=self.core.load.interval_ms,
+            grace_ms=self.core.load.grace_ms,
+            knee=KNEE_CFG,
+            warmup_after=20,
+        )
+        back.core.knee = decode_knee(encode_knee(self.core.knee), KNEE_CFG)
+        return back
+
 
 def scenario_events() -> list[dict[str, Any]]:
     events = [e for evs in cap.capacity_scenarios(0).values() for e in evs]
     return sorted(events, key=lambda e: e["ts_ms"])
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "core+knee"])
 @pytest.mark.parametrize("cuts", [(150, 900), (1_000, 2_400, 4_100), (3_000,), (5_200, 6_000)])
 def test_a_state_restored_at_any_point_decides_like_the_uninterrupted_one(
-    cuts: tuple[int, ...],
+    cuts: tuple[int, ...], split: bool
 ) -> None:
+    """``split``: restored as the agent stores it, the knee history apart from the core."""
     events = scenario_events()
     whole = Replay()
     for e in events:
@@ -101,9 +121,38 @@ def test_a_state_restored_at_any_point_decides_like_the_uninterrupted_one(
     cut = Replay()
     for i, e in enumerate(events):
         if i in cuts:
-            cut = cut.restored()
+            cut = cut.restored_split() if split else cut.restored()
         cut.feed(e)
     assert cut.out == whole.out
+    assert encode_core(cut.core) == encode_core(whole.core)
+
+
+def test_a_crash_between_the_knee_and_core_writes_replays_to_the_same_state() -> None:
+    events = scenario_events()
+    whole = Replay()
+    for e in events:
+        whole.feed(e)
+    closes = 0
+    r = Replay()
+    for i, e in enumerate(events):
+        before = encode_core(r.core, history=False)  # the last core written
+        n, m = len(r.core.knee.samples), len(r.out)
+        r.feed(e)
+        if len(r.core.knee.samples) > n and i > 1_000 and closes < 5:
+            # This event closed an interval: the knee record has it, the core does not.
+            closes += 1
+            first = r.out[m:]
+            published = list(r.out)
+            r = r.restored_split(core=before)
+            r.out = list(published)
+            r.feed(e)  # the replay of the message
+            # The same records again (the agent re-sends them with the same event
+            # ids), except a knee published the first time: the history has it.
+            assert r.out[len(published) :] == [o for o in first if o[0] != "knee"]
+            del r.out[len(published) :]
+    assert closes == 5
+    assert encode_core(r.core) == encode_core(whole.core)
+    assert r.out == whole.out
 
 
 def test_the_bytes_round_trip_keeps_every_field() -> None:

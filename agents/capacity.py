@@ -3,7 +3,8 @@
 ::
 
     ingest (validated events) ──forward──▶ tailguard.internal.capacity ──▶ capacity agent
-         (compact rows, keyed by deployment service|model)                 │
+         (compact rows grouped by deployment service|model,                │
+          one message per partition and batch)                             │
                                                                             ├─▶ tailguard.capacity
     GpuCache (latest tailguard.gpu sample per host:gpu) ──join─────────────┤
                                                                             └─▶ tailguard.audit
@@ -25,19 +26,22 @@ as bytes of :mod:`tailguard.streams.capacity_state`::
     E␟service|model          expert breakers and recent expert traffic
     R␟service|model␟index    one RAG index: similarity window and threshold
 
-Per message: the deployment is read from the table once (then kept in memory
-until the next partition assignment), the rows are applied, the records they
-produced are flushed, and then the records that changed are written — experts,
-indexes and the knee first, the core (with the message's offset) last. The core
-is small (~0.3 KB with light traffic): the knee history (~8 KB) is written only
-when an interval closed, every 10 s of event time, not with every message — with
-thousands of deployments each message holds a few rows, and rewriting the
-history per message made the agent write 8 KB of changelog per request. A restarted
+A message holds the rows of one ingest batch for the deployments of one
+partition (a deployment always hashes to the same one), grouped by deployment,
+at most 2,000 rows. Per message: each deployment in it is read from the table
+once (then kept in memory until the next partition assignment), its rows are
+applied, the records they produced are flushed, and then, per deployment, the
+records that changed are written — experts, indexes and the knee first, the
+core (with the message's offset) last. The core is small (~0.1 KB with light
+traffic): the knee history (~8 KB when full) is written only when an interval
+closed, every 10 s of event time, not with every message — with thousands of
+deployments a batch holds a few rows of each, and rewriting the history per
+message made the agent write 8 KB of changelog per request. A restarted
 worker (same data directory, or a new one restored from the changelog)
 continues with the same knee, episode, breakers and thresholds: no second
 scale_up for an overload it already answered, no breaker closed by a restart.
-A message at or below the stored offset was applied already (a crash between
-the writes and the consumer's commit) and is skipped; a crash between the
+A message at or below a deployment's stored offset was applied to it already
+(a crash between the writes and the consumer's commit) and is skipped for it; a crash between the
 component writes and the core write can re-apply one message to breakers and
 indexes (counted, never lost); a crash between the knee write and the core
 write re-closes an interval whose sample the history has already, and the
@@ -47,7 +51,7 @@ tracker ignores a sample no newer than its newest.
 import asyncio
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,8 +111,25 @@ _BLOCKED = {"weights_resident", "cooldown"}
 Row = tuple[
     int, float, float | None, int, bool, bool, str, str, list[int], list[int], float | None, str
 ]
+#: Rows per forwarded message at most (~120 bytes a row: well under 1 MiB).
+_MAX_ROWS = 2_000
+
+
+class _Groups(msgspec.Struct):
+    """One forwarded message: the rows of the deployments of one partition, by deployment.
+
+    One message per partition and ingest batch, not one per deployment: with
+    thousands of deployments a batch touched each with a row or two, and a
+    faust send and a dispatched message per deployment cost more than the rows.
+    """
+
+    groups: list[tuple[str, str, list[Row]]]
+
+
 _encode = msgspec.json.Encoder().encode
-_decode_rows = msgspec.json.Decoder(list[Row]).decode
+#: ``list[Row]``: a message of one deployment (named by its key) from a worker
+#: of before the grouped messages, still in the topic after an upgrade.
+_decode_message = msgspec.json.Decoder(_Groups | list[Row]).decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +234,25 @@ def _row(ev: InferenceEvent) -> Row:
 
 def _partition(key: str, partitions: int) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "big") % partitions
+
+
+def _chunks(
+    groups: list[tuple[str, str, list[Row]]], max_rows: int
+) -> Iterator[list[tuple[str, str, list[Row]]]]:
+    """``groups`` in messages of at most ``max_rows`` rows (a deployment's rows may
+    span two, in order: the later message has the higher offset)."""
+    chunk: list[tuple[str, str, list[Row]]] = []
+    room = max_rows
+    for service, model, rows in groups:
+        while rows:
+            take, rows = rows[:room], rows[room:]
+            chunk.append((service, model, take))
+            room -= len(take)
+            if room == 0:
+                yield chunk
+                chunk, room = [], max_rows
+    if chunk:
+        yield chunk
 
 
 def register_capacity(
@@ -325,13 +365,17 @@ def register_capacity(
         by_deployment: dict[tuple[str, str], list[Row]] = {}
         for ev in events:
             by_deployment.setdefault((ev.service, ev.model), []).append(_row(ev))
+        by_partition: dict[int, list[tuple[str, str, list[Row]]]] = {}
         for (service, model), rows in by_deployment.items():
-            key = f"{service}|{model}"
-            await internal.send(
-                key=key.encode(),
-                value=_encode(rows),
-                partition=_partition(key, settings.partitions),
-            )
+            partition = _partition(f"{service}|{model}", settings.partitions)
+            by_partition.setdefault(partition, []).append((service, model, rows))
+        for partition, groups in by_partition.items():
+            for chunk in _chunks(groups, _MAX_ROWS):
+                await internal.send(
+                    key=f"p{partition}".encode(),
+                    value=_encode(_Groups(chunk)),
+                    partition=partition,
+                )
 
     def gpu_state(dep: _Deployment) -> tuple[float | None, float | None, dict[str, Any]]:
         """Mean GPU utilisation and the highest memory fraction of the deployment's GPUs."""
@@ -490,21 +534,28 @@ def register_capacity(
     @app.agent(internal, name="tailguard.capacity")
     async def capacity(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
-            key = (event.key or b"").decode()
-            service, _, model = key.partition("|")
             try:
-                rows = _decode_rows(event.value)
+                message = _decode_message(event.value)
             except msgspec.DecodeError as exc:  # written by our own forwarder: a bug
-                app.log.error("tailguard: undecodable capacity rows on %s: %s", key, exc)
+                key = event.key or b""
+                app.log.error("tailguard: undecodable capacity rows on %r: %s", key, exc)
                 continue
-            dep = load(key, service, model)
+            if isinstance(message, _Groups):
+                groups = message.groups
+            else:
+                service, _, model = (event.key or b"").decode().partition("|")
+                groups = [(service, model, message)]
             offset = event.message.offset
-            if offset <= dep.core.offset:
-                cstats.replayed += 1
-                continue
-            cstats.rows += len(rows)
             published = cstats.published
-            absorb(dep, rows)
+            applied: list[_Deployment] = []
+            for service, model, rows in groups:
+                dep = load(f"{service}|{model}", service, model)
+                if offset <= dep.core.offset:  # applied before a crash (per deployment)
+                    cstats.replayed += 1
+                    continue
+                cstats.rows += len(rows)
+                absorb(dep, rows)
+                applied.append(dep)
             # Records out before the state that produced them is written (a crash
             # re-sends a record with the same event_id; it never loses one).
             while cstats.published > published:
@@ -514,7 +565,8 @@ def register_capacity(
                 except OutputError as exc:
                     app.log.warning("tailguard: capacity records not delivered yet: %s", exc)
                     await asyncio.sleep(1.0)
-            save(dep, offset)
+            for dep in applied:
+                save(dep, offset)
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:

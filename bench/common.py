@@ -25,7 +25,7 @@ def write_result(name: str, result: dict[str, Any]) -> None:
 
 def worker_counters(log_path: Path) -> tuple[int, int]:
     """(applied, late) from a worker's last counters line."""
-    found = _STATS.findall(log_path.read_bytes()[-4096:])
+    found = _STATS.findall(log_path.read_bytes()[-65536:])  # other lines may come between
     return (int(found[-1][0]), int(found[-1][1])) if found else (0, 0)
 
 

@@ -1,6 +1,7 @@
 """Worker settings, the crash-safe data dir and the series store."""
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,37 @@ def test_worker_tables_run_no_key_expiry_task() -> None:
     assert isinstance(table, PlainTable)
     assert [t.fun.__name__ for t in faust.Table._get_tasks(table)] == ["_clean_data"]
     assert list(table._get_tasks()) == []
+
+
+def _faust_wait(logger: logging.Logger, size: int, took: float) -> None:
+    # What faust's ProducerBuffer.wait_until_ebb logs for each wait.
+    logger.warning(f"producer buffer full size {size}")
+    logger.info(f"producer flush took {took}")
+
+
+def test_faust_back_pressure_lines_become_one_summary_a_minute(caplog) -> None:
+    from tailguard.agents.worker import ProducerBackpressureSummary
+
+    now = [0.0]
+    logger = logging.getLogger("faust.transport.producer.test")
+    logger.propagate = True
+    summary = ProducerBackpressureSummary(every_s=60.0, clock=lambda: now[0])
+    logger.addFilter(summary)
+    try:
+        with caplog.at_level(logging.INFO, logger=logger.name):
+            _faust_wait(logger, 201, 0.01)  # the first wait is reported at once
+            for _ in range(500):
+                now[0] += 0.1
+                _faust_wait(logger, 150, 0.02)
+            now[0] = 70.0
+            _faust_wait(logger, 180, 0.5)
+            logger.info("an unrelated line")
+    finally:
+        logger.removeFilter(summary)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("tailguard: table writes waited for faust's changelog producer 1 ")
+    # 500 waits in the minute, then one more: 501 reported with their total wait.
+    assert " 501 time(s) in the last 70 s, 10.50 s in all" in lines[1]
+    assert all(r.levelno == logging.INFO for r in caplog.records)
+    assert lines[2] == "an unrelated line"

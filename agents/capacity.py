@@ -111,8 +111,11 @@ _BLOCKED = {"weights_resident", "cooldown"}
 Row = tuple[
     int, float, float | None, int, bool, bool, str, str, list[int], list[int], float | None, str
 ]
-#: Rows per forwarded message at most (~120 bytes a row: well under 1 MiB).
+#: Rows per forwarded message at most (~120 bytes a row: ~240 kB), and bytes at
+#: most (a chunk of unusually long rows is halved until it fits; the broker and
+#: the consumers take 1 MiB).
 _MAX_ROWS = 2_000
+_MAX_BYTES = 900_000
 
 
 class _Groups(msgspec.Struct):
@@ -255,6 +258,20 @@ def _chunks(
         yield chunk
 
 
+def _messages(
+    groups: list[tuple[str, str, list[Row]]], max_rows: int, max_bytes: int
+) -> Iterator[bytes]:
+    """The encoded messages of ``groups``: chunks of ``max_rows`` rows, halved until
+    each is at most ``max_bytes`` (a single row is sent whatever its size)."""
+    for chunk in _chunks(groups, max_rows):
+        value = _encode(_Groups(chunk))
+        rows = sum(len(r) for _, _, r in chunk)
+        if len(value) <= max_bytes or rows == 1:
+            yield value
+        else:
+            yield from _messages(chunk, (rows + 1) // 2, max_bytes)
+
+
 def register_capacity(
     app: faust.App,
     settings: Settings,
@@ -370,12 +387,8 @@ def register_capacity(
             partition = _partition(f"{service}|{model}", settings.partitions)
             by_partition.setdefault(partition, []).append((service, model, rows))
         for partition, groups in by_partition.items():
-            for chunk in _chunks(groups, _MAX_ROWS):
-                await internal.send(
-                    key=f"p{partition}".encode(),
-                    value=_encode(_Groups(chunk)),
-                    partition=partition,
-                )
+            for value in _messages(groups, _MAX_ROWS, _MAX_BYTES):
+                await internal.send(key=f"p{partition}".encode(), value=value, partition=partition)
 
     def gpu_state(dep: _Deployment) -> tuple[float | None, float | None, dict[str, Any]]:
         """Mean GPU utilisation and the highest memory fraction of the deployment's GPUs."""

@@ -72,9 +72,11 @@ class ProducerBackpressureSummary(logging.Filter):
     size N`` (WARNING) and ``producer flush took S`` (INFO) each time. Under
     load that is normal and frequent — 1,580 pairs in a 4-minute burst
     benchmark — and it buried the worker's own lines. This filter (on faust's
-    ``faust.transport.producer`` logger) drops both and logs, at the first wait
-    and then at most every ``every_s``, how many waits there were and how long
-    they took together.
+    ``faust.transport.producer`` logger) keeps the first wait's WARNING and then
+    one every ``every_s`` at most, rewritten to say how many waits there were and
+    how long they took together; the rest, and every INFO ``flush took`` line,
+    are dropped (a stalled producer still shows: its waits keep coming, and are
+    reported each ``every_s``).
     """
 
     def __init__(self, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
@@ -88,24 +90,24 @@ class ProducerBackpressureSummary(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.getMessage()
-        if msg.startswith("producer buffer full size"):
-            self.waits += 1
+        if msg.startswith("producer flush took"):
+            with contextlib.suppress(ValueError):
+                self.wait_s += float(msg.rsplit(" ", 1)[1])
             return False
-        if not msg.startswith("producer flush took"):
+        if not msg.startswith("producer buffer full size"):
             return True
-        with contextlib.suppress(ValueError):
-            self.wait_s += float(msg.rsplit(" ", 1)[1])
+        self.waits += 1
         now = self.clock()
         if self.since is None:
             self.since = now
         if self.last is not None and now - self.last < self.every_s:
             return False
         record.msg = (
-            "tailguard: table writes waited for faust's changelog producer %d time(s) "
-            "in the last %.0f s, %.2f s in all (back-pressure; normal under load)"
+            "tailguard: table writes waited for faust's changelog producer %d time(s) in "
+            "the last %.0f s, %.2f s in all (%s; back-pressure: normal in bursts, a "
+            "stalled producer if it persists)"
         )
-        record.args = (self.waits, now - self.since, self.wait_s)
-        record.levelno, record.levelname = logging.INFO, "INFO"
+        record.args = (self.waits, now - self.since, self.wait_s, msg)
         self.waits, self.wait_s, self.since, self.last = 0, 0.0, now, now
         return True
 

@@ -2,7 +2,7 @@
 
 from hypothesis import given
 from hypothesis import strategies as st
-from tailguard.agents.capacity import _chunks, _decode_message, _encode, _Groups
+from tailguard.agents.capacity import _chunks, _decode_message, _encode, _Groups, _messages
 
 
 def row(ts: int) -> tuple:
@@ -45,3 +45,13 @@ def test_chunks_keep_every_row_in_order_and_stay_within_the_bound(
     assert flat == {m: r for _, m, r in groups}
     # Only the last chunk may be short.
     assert all(sum(len(r) for _, _, r in c) == max_rows for c in chunks[:-1])
+
+
+def test_messages_of_long_rows_are_halved_until_they_fit_the_byte_bound() -> None:
+    long = "x" * 5_000  # an instance name far longer than usual
+    groups = [("svc", f"m{i}", [(*row(i)[:6], long, *row(i)[7:])]) for i in range(40)]
+    values = list(_messages(groups, max_rows=2_000, max_bytes=50_000))
+    assert len(values) > 1
+    assert all(len(v) <= 50_000 for v in values)
+    back = [g for v in values for g in _decode_message(v).groups]
+    assert back == groups  # every row once, in order

@@ -169,8 +169,10 @@ def test_a_move_seen_in_too_few_evaluations_is_not_published() -> None:
     first = tracker.published
     assert first is not None
     # Three intervals of a faster deployment: the raw knee may move, the published one not.
-    for s in curve(16.0, top=32.0, n=60, seed=5)[-3:]:
+    later = curve(16.0, top=32.0, n=60, seed=5, start=600_000)[-3:]
+    for s in later:
         assert tracker.add(s) is None
+    assert list(tracker.samples)[-3:] == later  # taken into the history, not ignored
     assert tracker.published == first
 
 

@@ -15,7 +15,7 @@ is decided on event time, and event ids are derived from (kind, subject, event
 time, decision), so a replay of the same events publishes the same records.
 
 State lives in the RocksDB table ``tailguard-capacity`` (changelogged, one
-partition per partition of the internal topic, which is keyed by deployment),
+partition per partition of the internal topic, to which each deployment hashes),
 as bytes of :mod:`tailguard.streams.capacity_state`::
 
     C␟service|model          core: load window, published knee, scaling
@@ -41,11 +41,11 @@ worker (same data directory, or a new one restored from the changelog)
 continues with the same knee, episode, breakers and thresholds: no second
 scale_up for an overload it already answered, no breaker closed by a restart.
 A message at or below a deployment's stored offset was applied to it already
-(a crash between the writes and the consumer's commit) and is skipped for it; a crash between the
-component writes and the core write can re-apply one message to breakers and
-indexes (counted, never lost); a crash between the knee write and the core
-write re-closes an interval whose sample the history has already, and the
-tracker ignores a sample no newer than its newest.
+(a crash between the writes and the consumer's commit) and is skipped for it;
+a crash between the component writes and the core write can re-apply one
+message to breakers and indexes (counted, never lost); a crash between the
+knee write and the core write re-closes an interval whose sample the history
+has already, and the tracker ignores a sample no newer than its newest.
 """
 
 import asyncio

@@ -52,6 +52,8 @@ SERIES = 2_000
 #: tenants; ``deployments``: every series its own deployment (2,000 deployments),
 #: the capacity agent's worst case.
 LAYOUT = os.environ.get("BURST_LAYOUT", "tenants")
+if LAYOUT not in ("tenants", "deployments"):
+    raise SystemExit(f"BURST_LAYOUT must be tenants or deployments, got {LAYOUT!r}")
 NAME = os.environ.get("BURST_NAME", "burst")
 PER_MESSAGE = 100
 PARTITIONS = 4

@@ -1,18 +1,29 @@
-"""Ingest agent: validate raw inference messages, dead-letter bad input, route by series.
+"""Ingest agent: validate raw inference messages, dead-letter bad input, fold or forward.
 
 ::
 
-    tailguard.inference ──take_events(N, within)──▶ decode + validate ──▶ columns, grouped
-            │                                            │                 by series, packed
-            │                                 rejects ───┴─▶ tailguard.deadletter   per partition
-            │                                                                 ▼
-            └──── commit after the batch is forwarded ◀── tailguard.internal.series
-                                                   (one message per internal partition per batch)
+    tailguard.inference p ──batch──▶ decode + validate ── rejects ──▶ tailguard.deadletter
+          │                              │
+          │                              ├─ series homed on p ──▶ SeriesFolder.fold(p)    one hop
+          │                              ├─ series homed on q ≠ p ──▶ tailguard.internal.series q
+          │                              └─ every valid event ──▶ A/B, prompt, capacity fan-out
+          │
+          └── acknowledged at p's next checkpoint (the folder holds it)
 
-Batching several input messages before forwarding keeps the forwarded
-messages few and large (see :func:`~tailguard.agents.internal.route`), so the
-SLI agent folds thousands of series per message in one numpy pass. Nothing
-here writes a table, so ``take_events`` is safe (faust-streaming#497).
+A series' home is the partition of its key ``service|model|variant|tenant``
+under CRC-32 (zlib's, librdkafka's ``consistent_random``) modulo the partition
+count — the partition its state lives on. A producer that places each event on
+its series' home partition (every producer this project ships does) sends every
+event through one broker hop; any other placement still works, through
+``tailguard.internal.series`` (:func:`~tailguard.agents.internal.route`).
+Folding in place needs the input topic to have as many partitions as the
+tables; otherwise every event is forwarded, and the input is acknowledged once
+forwarded.
+
+Batching: the agent buffers events and processes the buffer at
+``ingest_batch`` messages, or from a timer once the oldest buffered message is
+``ingest_within_s`` old. Big batches keep the forwarded messages few and large,
+and let a fold touch each series once per batch.
 """
 
 import time
@@ -20,14 +31,38 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
+import numpy as np
+from faust.types import TP
 from tailguard.agents.deadletters import send_rejects
-from tailguard.agents.internal import route
+from tailguard.agents.folder import SeriesFolder
+from tailguard.agents.internal import group_series, partition_for, route, series_key
 from tailguard.agents.settings import Settings
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.topics import Topics
 from tailguard.schemas import InferenceEvent, Limits, decode
 
-__all__ = ["register_ingest"]
+__all__ = ["HomePartitions", "register_ingest"]
+
+Forward = Callable[[list[InferenceEvent], list[tuple[int, int]]], Awaitable[None]]
+
+
+class HomePartitions:
+    """Home partition of a series, remembered (a CRC-32 and a key string per event
+    would cost more than the rest of the routing). Forgets everything past
+    ``limit`` series, so a flood of one-off series cannot grow it for ever."""
+
+    def __init__(self, partitions: int, limit: int = 200_000) -> None:
+        self.partitions = partitions
+        self._limit = limit
+        self._known: dict[tuple[str, str, str, str], int] = {}
+
+    def __call__(self, series: tuple[str, str, str, str]) -> int:
+        home = self._known.get(series)
+        if home is None:
+            if len(self._known) >= self._limit:
+                self._known.clear()
+            home = self._known[series] = partition_for(series_key(*series), self.partitions)
+        return home
 
 
 def register_ingest(
@@ -35,51 +70,143 @@ def register_ingest(
     topics: Topics,
     settings: Settings,
     stats: WorkerStats,
-    forward_experiments: Callable[[list[InferenceEvent], list[tuple[int, int]]], Awaitable[None]]
-    | None = None,
+    folder: SeriesFolder,
+    forward_experiments: Forward | None = None,
 ) -> Any:
     """Attach the ingest agent to ``app``. ``forward_experiments(events, positions)``
     also receives every batch's valid events (the A/B guard, agents/experiments.py)."""
     limits = Limits()
+    home_of = HomePartitions(settings.partitions)
+    input_topic = topics.inference.get_topic_name()
+    internal_topic = topics.series.get_topic_name()
+    buffer: list[Any] = []
+    started = [0.0]  # monotonic time the oldest buffered message arrived
+    streams: list[Any] = []  # the agent's manual-ack stream, once it runs
+    #: Input partitions whose events may be folded here (see ``on_assigned``).
+    in_place: set[int] = set()
 
-    @app.agent(topics.inference, name="tailguard.ingest")
-    async def ingest(stream: faust.StreamT[bytes]) -> None:
-        async for events in stream.take_events(settings.ingest_batch, settings.ingest_within_s):
-            now = int(time.time() * 1000)
-            valid: list[InferenceEvent] = []
-            positions: list[tuple[int, int]] = []
-            taken: set[tuple[int, int]] = set()
-            for event in events:
-                raw = event.value
-                msg = event.message
-                if (msg.partition, msg.offset) in taken:
-                    # Delivered twice in one batch (seen right after a takeover's
-                    # seek): forwarding both copies together would make the second
-                    # look like duplicate requests instead of a replay.
-                    stats.redelivered += 1
-                    continue
-                taken.add((msg.partition, msg.offset))
-                stats.messages += 1
-                decoded = decode(raw, "inference", now_ms=now, limits=limits)
-                if decoded.rejects:
-                    await send_rejects(
-                        decoded.rejects,
-                        raw,
-                        msg,
-                        topic=topics.deadletter,
-                        stats=stats,
-                        source=settings.source,
-                        now_ms=now,
-                    )
-                if decoded.valid:
-                    valid.extend(decoded.valid)
-                    positions.extend([(msg.partition, msg.offset)] * len(decoded.valid))
-            stats.events_valid += len(valid)
-            for partition, value in route(valid, positions, settings.partitions):
+    async def process(stream: Any, events: list[Any]) -> None:
+        now = int(time.time() * 1000)
+        valid: list[InferenceEvent] = []
+        positions: list[tuple[int, int]] = []
+        taken: set[tuple[int, int]] = set()
+        forwarded_only = []
+        for event in events:
+            msg = event.message
+            if msg.partition in in_place:
+                folder.hold(msg.partition, stream, event)
+            else:
+                forwarded_only.append(event)
+            if (msg.partition, msg.offset) in taken:
+                # Delivered twice in one batch (seen right after a takeover's
+                # seek): folding or forwarding both copies together would make the
+                # second look like duplicate requests instead of a replay.
+                stats.redelivered += 1
+                continue
+            taken.add((msg.partition, msg.offset))
+            stats.messages += 1
+            raw = event.value
+            decoded = decode(raw, "inference", now_ms=now, limits=limits)
+            if decoded.rejects:
+                await send_rejects(
+                    decoded.rejects,
+                    raw,
+                    msg,
+                    topic=topics.deadletter,
+                    stats=stats,
+                    source=settings.source,
+                    now_ms=now,
+                )
+            if decoded.valid:
+                valid.extend(decoded.valid)
+                positions.extend([(msg.partition, msg.offset)] * len(decoded.valid))
+        stats.events_valid += len(valid)
+        if valid:
+            await dispatch(valid, positions)
+        # Input nothing is folded from here: acknowledged once its batch is sent
+        # (faust flushes its producer before it commits).
+        for event in forwarded_only:
+            await stream.ack(event)
+
+    async def dispatch(valid: list[InferenceEvent], positions: list[tuple[int, int]]) -> None:
+        index: dict[tuple[str, str, str, str], int] = {}
+        gid = np.fromiter(
+            (
+                index.setdefault((ev.service, ev.model, ev.variant, ev.tenant), len(index))
+                for ev in valid
+            ),
+            dtype=np.int64,
+            count=len(valid),
+        )
+        series = list(index)
+        home = np.fromiter(map(home_of, series), dtype=np.int64, count=len(series))
+        part = np.fromiter((p for p, _ in positions), dtype=np.int64, count=len(valid))
+        here = np.isin(part, list(in_place)) & (part == home[gid])
+        # A series fed from another partition too (now or before) is forwarded whole.
+        spread = np.zeros(len(series), dtype=np.bool_)
+        spread[gid[~here]] = True
+        folder.note_forwarded([series[i] for i in np.flatnonzero(spread).tolist()])
+        forwarded = folder.forwarded
+        spread |= np.fromiter((s in forwarded for s in series), dtype=np.bool_, count=len(series))
+        local = here & ~spread[gid]
+        n_local = int(local.sum())
+        stats.events_local += n_local
+        stats.events_forwarded += len(valid) - n_local
+        if n_local < len(valid):
+            away = np.flatnonzero(~local).tolist()
+            for partition, value in route(
+                [valid[i] for i in away], [positions[i] for i in away], settings.partitions
+            ):
                 await topics.series.send(
                     key=str(partition).encode(), value=value, partition=partition
                 )
-            if forward_experiments is not None and valid:
-                await forward_experiments(valid, positions)
+        if n_local:
+            rows = np.flatnonzero(local)
+            for partition in np.unique(part[rows]).tolist():
+                mine = rows[part[rows] == partition].tolist()
+                groups = group_series([valid[i] for i in mine], [positions[i] for i in mine])
+                await folder.fold(partition, groups.series, groups.cols, groups.bounds, groups.gpus)
+        if forward_experiments is not None:
+            await forward_experiments(valid, positions)
+
+    async def drain(stream: Any) -> None:
+        batch = buffer[:]
+        buffer.clear()
+        if batch:
+            await process(stream, batch)
+
+    @app.agent(topics.inference, name="tailguard.ingest")
+    async def ingest(stream: faust.StreamT[bytes]) -> None:
+        manual = stream.noack()
+        streams[:] = [manual]
+        async for event in manual.events():
+            async with folder.busy:
+                if not buffer:
+                    started[0] = time.monotonic()
+                buffer.append(event)
+                if len(buffer) >= settings.ingest_batch:
+                    await drain(manual)
+
+    @app.timer(settings.ingest_within_s / 2, name="tailguard.ingest.flush")
+    async def flush_partial_batch() -> None:
+        if not buffer or not streams:
+            return
+        if time.monotonic() - started[0] < settings.ingest_within_s:
+            return
+        async with folder.busy:
+            await drain(streams[0])
+
+    @app.on_partitions_assigned.connect
+    async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
+        # Buffered events of partitions that moved are dropped unacknowledged
+        # (their new owner reads them again from the committed offset).
+        in_place.clear()
+        mine = {tp.partition for tp in assigned if tp.topic == input_topic}
+        tables = {tp.partition for tp in assigned if tp.topic == internal_topic}
+        buffer[:] = [e for e in buffer if e.message.partition in mine]
+        # Table writes under an input event go to the changelog partition of that
+        # event's number: only right when the input is partitioned like the tables.
+        if app.consumer.topic_partitions(input_topic) == settings.partitions:
+            in_place.update(mine & tables)
 
     return ingest

@@ -22,6 +22,7 @@ __all__ = [
     "SeriesGroups",
     "decode_groups",
     "encode_groups",
+    "group_series",
     "partition_for",
     "route",
     "series_key",
@@ -96,6 +97,52 @@ def decode_groups(data: bytes) -> SeriesGroups:
     return SeriesGroups(series=batch.series, bounds=bounds, cols=cols, gpus=batch.gpus)
 
 
+def _index(
+    events: Sequence[InferenceEvent],
+) -> tuple[np.ndarray, list[tuple[str, str, str, str]], dict[tuple[int, str, int], int]]:
+    """Each event's series index (first seen first), the series, and the newest
+    event time per ``(series index, host, gpu)`` that served them."""
+    index: dict[tuple[str, str, str, str], int] = {}
+    gid = np.fromiter(
+        (
+            index.setdefault((ev.service, ev.model, ev.variant, ev.tenant), len(index))
+            for ev in events
+        ),
+        dtype=np.int64,
+        count=len(events),
+    )
+    served: dict[tuple[int, str, tuple[int, ...]], int] = {}
+    for g, ev in zip(gid.tolist(), events, strict=True):
+        if ev.host and ev.gpu_ids:
+            placement = (g, ev.host, tuple(ev.gpu_ids))
+            if ev.ts_ms > served.get(placement, -1):
+                served[placement] = ev.ts_ms
+    gpus: dict[tuple[int, str, int], int] = {}
+    for (g, host, ids), ts in served.items():
+        for gpu in ids:
+            if ts > gpus.get((g, host, gpu), -1):
+                gpus[(g, host, gpu)] = ts
+    return gid, list(index), gpus
+
+
+def group_series(
+    events: Sequence[InferenceEvent], positions: list[tuple[int, int]]
+) -> SeriesGroups:
+    """``events`` grouped by series (first seen first), each group in input order:
+    what :func:`route` packs, for a fold on this worker (no size budget, no wire)."""
+    gid, series, gpus = _index(events)
+    cols = Columns.from_events(events, positions)
+    order = np.argsort(gid, kind="stable")
+    counts = np.bincount(gid, minlength=len(series))
+    bounds = np.r_[0, np.cumsum(counts)].astype(np.int64)
+    return SeriesGroups(
+        series=series,
+        bounds=bounds,
+        cols=cols.take(order),
+        gpus=[(g, host, gpu, ts) for (g, host, gpu), ts in gpus.items()],
+    )
+
+
 #: Budget of one forwarded message: well under the producer's request limit.
 MAX_MESSAGE_BYTES = 900_000
 
@@ -121,30 +168,10 @@ def route(
     """
     if not events:
         return []
-    index: dict[tuple[str, str, str, str], int] = {}
-    gid = np.fromiter(
-        (
-            index.setdefault((ev.service, ev.model, ev.variant, ev.tenant), len(index))
-            for ev in events
-        ),
-        dtype=np.int64,
-        count=len(events),
-    )
-    series = list(index)
+    gid, series, gpus = _index(events)
     group_part = np.array(
         [partition_for(series_key(*s), partitions) for s in series], dtype=np.int64
     )
-    served: dict[tuple[int, str, tuple[int, ...]], int] = {}
-    for g, ev in zip(gid.tolist(), events, strict=True):
-        if ev.host and ev.gpu_ids:
-            placement = (g, ev.host, tuple(ev.gpu_ids))
-            if ev.ts_ms > served.get(placement, -1):
-                served[placement] = ev.ts_ms
-    gpus: dict[tuple[int, str, int], int] = {}
-    for (g, host, ids), ts in served.items():
-        for gpu in ids:
-            if ts > gpus.get((g, host, gpu), -1):
-                gpus[(g, host, gpu)] = ts
     cols = Columns.from_events(events, positions)
     order = np.argsort(gid, kind="stable")
     sg = gid[order]

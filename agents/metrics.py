@@ -66,6 +66,14 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 COUNTERS: dict[str, tuple[str, str]] = {
     "messages": ("tailguard_input_messages", "Input messages consumed by the ingest agents."),
     "events_valid": ("tailguard_events_valid", "Input events that passed validation."),
+    "events_local": (
+        "tailguard_events_local",
+        "Valid events folded on the input partition they came in on (one broker hop).",
+    ),
+    "events_forwarded": (
+        "tailguard_events_forwarded",
+        "Valid events forwarded to their series' partition through tailguard.internal.series.",
+    ),
     "events_applied": (
         "tailguard_events_processed",
         "Events folded into the sliding windows (late and duplicate ones excluded).",

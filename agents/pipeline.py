@@ -11,6 +11,7 @@ from tailguard.agents.capacity import CapacityPlane, register_capacity
 from tailguard.agents.control import SloBook
 from tailguard.agents.experiment_actions import register_experiment_actions
 from tailguard.agents.experiments import ExperimentsPlane, register_experiments
+from tailguard.agents.folder import SeriesFolder
 from tailguard.agents.gpu import GpuCache, register_gpu
 from tailguard.agents.ingest import register_ingest
 from tailguard.agents.interference import kv_forwarder, register_interference
@@ -98,11 +99,12 @@ def build(settings: Settings) -> Pipeline:
         for hook in capacity_hooks:
             await hook(events, positions)
 
-    register_ingest(app, topics, settings, stats, forward)
+    outputs = Outputs(settings.broker)
+    folder = SeriesFolder(app, topics, settings, stats, store, engine, outputs, telemetry=telemetry)
+    register_ingest(app, topics, settings, stats, folder, forward)
     otlp = register_otlp(app, topics, settings, stats)
     register_gpu(app, topics, settings, stats, tables.gpu_latest)
-    outputs = Outputs(settings.broker)
-    register_sli(app, topics, settings, stats, store, engine, outputs, telemetry=telemetry)
+    register_sli(app, topics, settings, folder)
     admin = register_admin(
         app, settings, book=book, engine=engine, store=store, tables=tables, outputs=outputs
     )

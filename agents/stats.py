@@ -12,6 +12,10 @@ class WorkerStats:
 
     messages: int = 0
     events_valid: int = 0
+    #: Valid events folded on the partition they came in on (one broker hop).
+    events_local: int = 0
+    #: Valid events forwarded to their series' partition through the internal topic.
+    events_forwarded: int = 0
     events_applied: int = 0
     late: int = 0
     duplicates: int = 0
@@ -35,5 +39,6 @@ class WorkerStats:
             f"late={self.late} duplicates={self.duplicates} replayed={self.replayed} "
             f"deadletters={dl} snapshots={self.snapshots} checkpoints={self.checkpoints} "
             f"checkpoint_s={self.checkpoint_seconds:.1f} "
-            f"state_writes={self.state_writes} redelivered={self.redelivered}"
+            f"state_writes={self.state_writes} redelivered={self.redelivered} "
+            f"local={self.events_local} forwarded={self.events_forwarded}"
         )

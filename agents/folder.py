@@ -1,0 +1,401 @@
+"""Fold requests into the series windows of this worker's partitions, publish what closes.
+
+Requests reach a series' partition by one of two paths, and both end here::
+
+    tailguard.inference p ──ingest──┬─ series homed on p ──────────────────▶ fold(p, …)
+                                    │                                        (one hop)
+                                    └─ series homed on q ≠ p ─▶ tailguard.internal.series q
+                                                                       ──sli──▶ fold(q, …)
+
+A series' home is ``partition_for(series_key, partitions)``, the partition of
+its state in the tables. For each batch of one partition the folder:
+
+1. loads each series' :class:`~tailguard.streams.SeriesWindows` (cache, else tables);
+2. folds every series in with one numpy pass (:func:`~tailguard.streams.fold.fold_many`),
+   idempotent per bucket and input offset;
+3. for every minute bucket the event-time watermark closed, publishes a *final*
+   snapshot of each configured window ending there and evaluates the SLOs;
+4. every ``checkpoint_interval_s`` per partition, or less often when that would
+   take more than ``checkpoint_max_share`` of the agents' time
+   (:class:`~tailguard.agents.cadence.CheckpointCadence`): flushes what was
+   published, writes the changed series and breach states to the tables
+   (changelogged), then acknowledges the input they hold — on whichever stream
+   it came (``tailguard.inference`` or ``tailguard.internal.series``).
+
+The input is consumed without automatic acks, so the committed offset never
+runs ahead of the stored state: after a crash the input since the last
+checkpoint is replayed, and the per-bucket input offsets make the replay add
+nothing twice. Outputs are flushed before the state that records them, so a
+crash can re-send an output (same ``event_id``) but never lose one.
+
+Table reads and writes go to the partition of faust's *current event*; the
+folder sets it to a held event of the partition it works on, so it is right
+whichever agent calls and whatever event faust last delivered.
+"""
+
+import asyncio
+import hashlib
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import faust
+import numpy as np
+from faust.streams import _current_event
+from tailguard.agents.breaches import BreachEngine
+from tailguard.agents.internal import series_key
+from tailguard.agents.outputs import OutputError, Outputs
+from tailguard.agents.publish import frame
+from tailguard.agents.settings import Settings
+from tailguard.agents.state import CachedSeries, CheckpointInterrupted, SeriesStore
+from tailguard.agents.stats import WorkerStats
+from tailguard.agents.telemetry import Telemetry
+from tailguard.agents.topics import Topics
+from tailguard.streams import WINDOWS, SeriesWindows, summarize
+from tailguard.streams.columns import Columns
+from tailguard.streams.fold import fold_many
+
+__all__ = ["SLI_SCHEMA", "SeriesFolder", "final_cadence_ms", "snapshot_payload"]
+
+SLI_SCHEMA = "tailguard.sli.v1"
+
+Series = tuple[str, str, str, str]
+Outgoing = list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]
+
+_MAX_GPUS_PER_SERIES = 64
+#: Series remembered as fed through the forward path (forgotten all at once past it).
+_MAX_FORWARDED_SERIES = 200_000
+
+
+def final_cadence_ms(window: str) -> int:
+    """How often (event time) a final snapshot of ``window`` is published.
+
+    Every minute for windows up to 5 m, every 5 minutes up to 1 h, hourly
+    beyond: a 1 h window barely moves in a minute, and merging its 60 buckets
+    for every series every minute would dominate the worker when it catches up.
+    """
+    ms = WINDOWS[window]
+    if ms <= 300_000:
+        return 60_000
+    if ms <= 3_600_000:
+        return 300_000
+    return 3_600_000
+
+
+def snapshot_payload(
+    series: Series,
+    state: SeriesWindows,
+    window: str,
+    end_ms: int,
+    *,
+    final: bool,
+    now_ms: int,
+    with_digests: bool = False,
+) -> dict[str, Any]:
+    """The ``tailguard.sli.v1`` event of one series and window."""
+    window_ms = WINDOWS[window]
+    merged = state.window(window_ms, end_ms)
+    s = summarize(merged, window_ms, state.thresholds, with_digests=with_digests)
+    service, model, variant, tenant = series
+    key = series_key(*series)
+    ident = f"{key}|{window}|{end_ms}|{'final' if final else s.count}"
+    payload: dict[str, Any] = {
+        "schema": SLI_SCHEMA,
+        "event_id": hashlib.blake2b(ident.encode(), digest_size=16).hexdigest(),
+        "ts_ms": now_ms,
+        "series": {"service": service, "model": model, "variant": variant, "tenant": tenant},
+        "window": window,
+        "window_s": window_ms // 1000,
+        "window_end_ms": end_ms,
+        "final": final,
+        "count": s.count,
+        "errors": s.errors,
+        "cancelled": s.cancelled,
+        "success_rate": s.success_rate,
+        "ttft_compliance": s.ttft_compliance,
+        "itl_compliance": s.itl_compliance,
+        "slo_compliance": s.slo_compliance,
+        "goodput_rps": s.goodput_rps,
+        "late": state.late,
+        "duplicates": state.duplicates,
+        "exemplars": s.exemplars,
+        **s.latency,
+        "stages_ms": s.stages,
+    }
+    if s.digests is not None:
+        payload["digests"] = s.digests
+    return payload
+
+
+def _note_gpus(cached: CachedSeries, gpus: list[tuple[str, int, int]]) -> None:
+    """Remember which GPUs served the series (for the breach GPU join)."""
+    known = cached.gpus
+    for host, index, ts in gpus:
+        if ts > known.get((host, index), 0):
+            known[(host, index)] = ts
+    if len(known) > _MAX_GPUS_PER_SERIES:
+        for gone in sorted(known, key=known.__getitem__)[: len(known) - _MAX_GPUS_PER_SERIES]:
+            del known[gone]
+
+
+class SeriesFolder:
+    """The series windows of the partitions this worker owns: fold, publish, checkpoint.
+
+    Every method that touches state runs under :attr:`busy` (the agents and the
+    timers share one event loop, and a checkpoint must not interleave a fold).
+    """
+
+    def __init__(
+        self,
+        app: faust.App,
+        topics: Topics,
+        settings: Settings,
+        stats: WorkerStats,
+        store: SeriesStore,
+        engine: BreachEngine,
+        outputs: Outputs,
+        *,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        self.app = app
+        self.settings = settings
+        self.stats = stats
+        self.store = store
+        self.engine = engine
+        self.outputs = outputs
+        self.telemetry = telemetry
+        self.names: dict[str, Series] = {}
+        self.sli_topic = topics.sli.get_topic_name()
+        self.breach_topic = topics.breaches.get_topic_name()
+        self.cadence = settings.checkpoint_cadence()
+        #: Input held per partition until its next checkpoint: ``(stream, event)``.
+        self.pending: dict[int, list[tuple[Any, Any]]] = {}
+        #: Partitions whose tables are assigned here and not revoked since (a
+        #: rebalance revokes them all first).
+        self.owned: set[int] = set()
+        self.busy = asyncio.Lock()
+        #: Series that have reached this worker through the forward path: the
+        #: ingest agent forwards their home-partition requests too (see
+        #: :meth:`note_forwarded`).
+        self.forwarded: set[Series] = set()
+        self._specs: dict[str, list[Any]] = {}
+        #: ``engine.slo_version`` the cached specs were resolved under (admin ``slo set``).
+        self._specs_version = engine.slo_version
+
+    # -- input ----------------------------------------------------------------
+    def hold(self, partition: int, stream: Any, event: Any) -> None:
+        """Keep ``event`` unacknowledged until ``partition``'s next checkpoint."""
+        self.pending.setdefault(partition, []).append((stream, event))
+
+    def note_forwarded(self, series: list[Series]) -> None:
+        """``series`` came (also) from input partitions other than their home.
+
+        Requests of one series must reach the fold in one order: the watermark a
+        request meets decides whether it is late. A series fed from several input
+        partitions therefore takes the forward path for all of them (the order of
+        one ingest batch, as through one internal partition); only a series fed by
+        its home partition alone is folded in place. (A per-partition watermark
+        would let such series take one hop too.)
+        """
+        known = self.forwarded
+        if len(known) + len(series) > _MAX_FORWARDED_SERIES:
+            known.clear()
+        known.update(series)
+
+    async def fold(
+        self,
+        partition: int,
+        series: list[Series],
+        cols: Columns,
+        bounds: np.ndarray,
+        gpus: list[tuple[int, str, int, int]],
+    ) -> None:
+        """Fold ``cols[bounds[i]:bounds[i+1]]`` into ``series[i]`` (all homed on
+        ``partition``), publish what closed, checkpoint when due.
+
+        The caller holds :attr:`busy` and has held (:meth:`hold`) at least one
+        event of ``partition``: table access runs under the newest of them.
+        """
+        outgoing: Outgoing = []
+        states = []
+        closers = []
+        gpus_of: dict[int, list[tuple[str, int, int]]] = {}
+        for group, host, index, ts in gpus:
+            gpus_of.setdefault(group, []).append((host, index, ts))
+        if self._specs_version != self.engine.slo_version:
+            self._specs.clear()  # the SLOs changed: re-resolve each series' SLOs
+            self._specs_version = self.engine.slo_version
+        store, specs = self.store, self._specs
+        with self._on_partition(partition):
+            for i, name in enumerate(series):
+                key = series_key(*name)
+                self.names[key] = name
+                if key not in specs:
+                    specs[key] = self.engine.specs_for(name)
+                cached = store.get(key, partition)
+                cached.partition = partition
+                if i in gpus_of:
+                    _note_gpus(cached, gpus_of[i])
+                states.append(cached.state)
+                closers.append(self._closer(name, key, cached, specs[key], outgoing))
+                store.mark_unsaved(key, partition)
+                cached.dirty = True
+        results = fold_many(states, cols, bounds, closers)
+        stats = self.stats
+        for result in results:
+            stats.events_applied += result.accepted
+            stats.late += result.late
+            stats.duplicates += result.duplicates
+            stats.replayed += result.replayed
+        self.send_all(outgoing)
+        if self.cadence.due(partition, time.monotonic()):
+            await self.checkpoint(partition)
+
+    # -- outputs --------------------------------------------------------------
+    def snapshots(
+        self, series: Series, state: SeriesWindows, end_ms: int, *, final: bool
+    ) -> Outgoing:
+        """The snapshots of ``series`` for the windows ending at ``end_ms``, framed."""
+        settings = self.settings
+        now = int(time.time() * 1000)
+        key = series_key(*series).encode()
+        out: Outgoing = []
+        for window in settings.sli_windows:
+            if final and end_ms % final_cadence_ms(window):
+                continue
+            payload = snapshot_payload(
+                series,
+                state,
+                window,
+                end_ms,
+                final=final,
+                now_ms=now,
+                with_digests=settings.attach_digests,
+            )
+            if self.telemetry is not None:
+                self.telemetry.observe_sli(series, window, payload)
+            value, headers = frame(payload, source=settings.source)
+            out.append((self.sli_topic, key, value, headers))
+        return out
+
+    def send_all(self, outgoing: Outgoing) -> None:
+        for topic, key, value, headers in outgoing:
+            self.outputs.send(topic, key, value, headers)
+            if topic == self.sli_topic:
+                self.stats.snapshots += 1
+            else:
+                self.stats.breach_events += 1
+
+    def _closer(
+        self, series: Series, key: str, cached: CachedSeries, slos: list[Any], outgoing: Outgoing
+    ) -> Any:
+        engine = self.engine
+
+        def on_close(end_ms: int) -> None:
+            # Runs inside the fold, before roll-up and pruning: what it reads of
+            # windows ending at end_ms is final and independent of batching.
+            outgoing.extend(self.snapshots(series, cached.state, end_ms, final=True))
+            transitions: list[Any] = engine.evaluate(series, key, cached, end_ms, slos)
+            transitions += engine.evaluate_silent(key, cached, end_ms)
+            for value, headers in engine.payloads(
+                transitions, series, cached, self.settings.source
+            ):
+                outgoing.append((self.breach_topic, key.encode(), value, headers))
+            # Done with this end: the merged windows kept for it are memory only
+            # (with 10k series, a few hundred MiB at a minute's close).
+            cached.state.release_window_cache()
+
+        return on_close
+
+    # -- checkpoints ----------------------------------------------------------
+    @contextmanager
+    def _on_partition(self, partition: int) -> Iterator[None]:
+        """Make the newest held event of ``partition`` faust's current event."""
+        held = self.pending.get(partition)
+        if not held:
+            yield
+            return
+        token = _current_event.set(weakref.ref(held[-1][1]))
+        try:
+            yield
+        finally:
+            _current_event.reset(token)
+
+    async def checkpoint(self, partition: int) -> None:
+        """Outputs first (a crash may then re-send, never lose), then state, then acks."""
+        app, stats, cadence = self.app, self.stats, self.cadence
+        try:
+            await self.outputs.flush()
+        except OutputError as exc:
+            # The broker is away or refusing: keep holding the input (it will be
+            # replayed if this worker dies) and try again at the next checkpoint.
+            app.log.warning("tailguard: checkpoint of partition %d deferred: %s", partition, exc)
+            cadence.deferred(partition, time.monotonic())
+            return
+        started = time.monotonic()
+        stats.checkpoints += 1
+        with self._on_partition(partition):
+            # Breach states reach the changelog before the series metas (the store
+            # flushes before writing those): a kill during the checkpoint leaves
+            # breach states ahead of their series, never behind. Replaying then
+            # re-closes minutes the breach state has already judged, and
+            # ``advance`` ignores an evaluation point not after the last one.
+            # Otherwise a restored series could skip a close its stale breach state
+            # had not seen, and the next close re-sent the same transition (same
+            # ``event_id``) at a different minute (found by the SIGKILL test; after
+            # a crash the worker restores from the changelog, whose topics the
+            # producer delivers independently).
+            stats.state_writes += self.engine.checkpoint(partition)
+            try:
+                stats.state_writes += await self.store.checkpoint(
+                    partition, app.producer.flush, lambda: partition in self.owned
+                )
+            except CheckpointInterrupted as exc:
+                app.log.info("tailguard: %s; nothing acknowledged", exc)
+                return
+        for stream, held in self.pending.pop(partition, []):
+            await stream.ack(held)
+        ended = time.monotonic()
+        cadence.done(partition, started, ended)
+        stats.checkpoint_seconds += ended - started
+
+    async def checkpoint_quiet_partitions(self) -> None:
+        """Checkpoint every partition that is due and holds input.
+
+        A partition whose input stopped would otherwise hold its last batches
+        unacknowledged (and show as lagging) until more input arrives.
+        """
+        for partition in list(self.pending):
+            if not self.pending.get(partition) or not self.cadence.due(partition, time.monotonic()):
+                continue
+            async with self.busy:
+                if self.pending.get(partition):
+                    await self.checkpoint(partition)
+
+    # -- rebalances -----------------------------------------------------------
+    def revoked(self, partitions: set[int]) -> None:
+        self.owned.difference_update(partitions)
+
+    def assigned(self, mine: set[int]) -> None:
+        """``mine``: the table partitions assigned here now.
+
+        faust revokes every partition at a rebalance, then assigns. A partition
+        this worker keeps goes on from where its consumer was (faust does not
+        seek it back), so its in-memory state and held input must be kept: only
+        what moved elsewhere is dropped (its new owner replays it from the last
+        checkpoint). Then the next timer tick loads what is new to us.
+        """
+        self.owned.clear()
+        self.owned.update(mine)
+        gone = (set(self.pending) | self.cadence.partitions() | self.store.partitions()) - mine
+        if gone:
+            self.store.forget_partitions(gone)
+            self.engine.forget_partitions(gone)
+            if self.telemetry is not None:
+                self.telemetry.forget_partitions(gone)
+            self.cadence.forget(gone)
+            for partition in gone:
+                self.pending.pop(partition, None)
+        self.store.needs_warm = True

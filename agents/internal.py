@@ -8,12 +8,12 @@ SLI agent can apply every input message exactly once. Decoding is a handful
 of ``np.frombuffer`` calls whatever the number of requests.
 """
 
-import zlib
 from collections.abc import Sequence
 
 import msgspec
 import numpy as np
 from tailguard.schemas import InferenceEvent
+from tailguard.schemas.placement import home_partition, series_key
 from tailguard.streams.columns import Columns
 from tailguard.streams.columns import _Wire as ColumnsWire
 
@@ -53,14 +53,8 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(PartitionBatch)
 
 
-def series_key(service: str, model: str, variant: str, tenant: str) -> str:
-    """The key of a series: ``service|model|variant|tenant``."""
-    return f"{service}|{model}|{variant}|{tenant}"
-
-
-def partition_for(key: str, partitions: int) -> int:
-    """The internal partition of a series key (stable across processes and releases)."""
-    return zlib.crc32(key.encode()) % partitions
+#: The partition of a series' state: its home partition (:mod:`tailguard.schemas.placement`).
+partition_for = home_partition
 
 
 def encode_groups(

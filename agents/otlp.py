@@ -5,11 +5,12 @@
     tailguard.otlp ──take_events(N, within)──▶ decode_spans (otlp_proto | otlp_json, sniffed)
         │ message neither ─▶ tailguard.deadletter (one record per *message*)
         ▼
-    span_fields + contract validation ──▶ events, one JSON array per service/model
+    span_fields + contract validation ──▶ events, JSON arrays per home partition
         │ spans that are no inference (HTTP, DB spans of the same traces), lack a
         │ model or fail validation: *counted* by reason (OtlpStats), never dead-lettered
         ▼
     tailguard.inference ──▶ the ingest agent, like any producer's events
+                            (each on its series' home partition: one hop from there)
 
 The events go through ``tailguard.inference`` rather than straight into the
 series topic so that there is one validated path, one dedup horizon
@@ -31,6 +32,7 @@ from tailguard.agents.stats import WorkerStats
 from tailguard.agents.topics import Topics
 from tailguard.schemas import DeadLetterReason, Limits, Reject
 from tailguard.schemas.otlp import OtlpDecodeError, decode_spans, spans_to_events
+from tailguard.schemas.placement import home_partition, series_key
 
 from tailguard import catalogue as cat
 
@@ -70,11 +72,13 @@ def register_otlp(
         allow_empty=True,
     )
 
+    inference = topics.inference.get_topic_name()
+
     @app.agent(source, name="tailguard.otlp")
     async def otlp(stream: faust.StreamT[bytes]) -> None:
         async for events in stream.take_events(settings.ingest_batch, settings.ingest_within_s):
             now = int(time.time() * 1000)
-            out: dict[bytes, list[Any]] = {}
+            out: dict[int, list[Any]] = {}
             for event in events:
                 ostats.messages += 1
                 raw = event.value
@@ -107,11 +111,19 @@ def register_otlp(
                 ostats.unusable.update(result.unusable)
                 ostats.events += len(result.events)
                 for e in result.events:
-                    out.setdefault(f"{e.service}/{e.model}".encode(), []).append(e)
-            for key, evs in out.items():
+                    key = series_key(e.service, e.model, e.variant, e.tenant)
+                    out.setdefault(home_partition(key, settings.partitions), []).append(e)
+            # On the home partition when the topic is partitioned like the tables;
+            # else keyed only (the worker then forwards what is not at home).
+            placed = app.consumer.topic_partitions(inference) == settings.partitions
+            for home, evs in out.items():
+                first = evs[0]
+                key = series_key(first.service, first.model, first.variant, first.tenant)
                 for i in range(0, len(evs), _MAX_EVENTS_PER_MESSAGE):
                     value = msgspec.json.encode(evs[i : i + _MAX_EVENTS_PER_MESSAGE])
-                    await topics.inference.send(key=key, value=value)
+                    await topics.inference.send(
+                        key=key.encode(), value=value, partition=home if placed else None
+                    )
 
     @app.timer(settings.stats_interval_s, name="tailguard.otlp.stats")
     async def log_stats() -> None:

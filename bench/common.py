@@ -29,6 +29,16 @@ def worker_counters(log_path: Path) -> tuple[int, int]:
     return (int(found[-1][0]), int(found[-1][1])) if found else (0, 0)
 
 
+_PATHS = re.compile(rb"local=(\d+) forwarded=(\d+)")
+
+
+def worker_paths(log_path: Path) -> tuple[int, int]:
+    """(local, forwarded) valid events from a worker's last counters line: folded on
+    the partition they came in on, and forwarded through the internal topic."""
+    found = _PATHS.findall(log_path.read_bytes()[-65536:])
+    return (int(found[-1][0]), int(found[-1][1])) if found else (0, 0)
+
+
 def _exit_on_term(signum: int, frame: object) -> None:
     raise SystemExit(f"stopped by signal {signum}")  # runs the finally blocks: no orphan worker
 

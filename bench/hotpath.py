@@ -8,8 +8,10 @@ is timed, so buckets exist as in steady state), and writes
 ``bench/results/hotpath.json`` with events/s and µs per event per stage:
 
 - ``decode``: JSON → validated ``InferenceEvent`` (msgspec + bad-input checks);
-- ``route``: columns, grouping by series, packing per internal partition;
-- ``fold``: decoding those messages and ``fold_many`` into the windows;
+- ``group``: each event's series and home partition, then per partition the
+  columns grouped by series (what the ingest agent folds in place: the input
+  is partitioned by series, as the project's producers send it);
+- ``fold``: ``fold_many`` into the windows;
 - ``checkpoint_bytes``: serialising every changed series (``take_changes``).
 """
 
@@ -17,13 +19,13 @@ import gc
 import json
 import time
 
-from tailguard.agents.internal import decode_groups, route
+from tailguard.agents.internal import group_series
 from tailguard.schemas import Limits, decode
 from tailguard.streams import RingConfig, SeriesWindows
 from tailguard.streams.fold import fold_many
 
 from bench.common import machine, write_result
-from bench.throughput import make_messages
+from bench.throughput import PARTITIONS, make_placed_messages
 
 BATCH = 500  # input messages per ingest batch (the worker's default)
 
@@ -31,7 +33,7 @@ BATCH = 500  # input messages per ingest batch (the worker's default)
 def main() -> None:
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
-    msgs = make_messages(2 * BATCH * 200, 10_000)[: 2 * BATCH]
+    msgs = make_placed_messages(2 * BATCH * 200, 10_000)[: 2 * BATCH]
     now = int(time.time() * 1000)
     limits = Limits()
     states: dict[tuple[str, str, str, str], SeriesWindows] = {}
@@ -41,15 +43,20 @@ def main() -> None:
         batch = msgs[round_ * BATCH : (round_ + 1) * BATCH]
         t0 = time.perf_counter()
         valid, positions = [], []
-        for j, raw in enumerate(batch):
+        for j, (part, raw) in enumerate(batch):
             decoded = decode(raw, "inference", now_ms=now, limits=limits)
             valid.extend(decoded.valid)
-            positions.extend([(j % 4, round_ * BATCH + j)] * len(decoded.valid))
+            positions.extend([(part, round_ * BATCH + j)] * len(decoded.valid))
         t1 = time.perf_counter()
-        out = route(valid, positions, 4)
+        by_partition: dict[int, list[int]] = {}
+        for i, (part, _) in enumerate(positions):
+            by_partition.setdefault(part, []).append(i)
+        grouped = [
+            group_series([valid[i] for i in rows], [positions[i] for i in rows])
+            for rows in by_partition.values()
+        ]
         t2 = time.perf_counter()
-        for _, value in out:
-            groups = decode_groups(value)
+        for groups in grouped:
             series = [states.setdefault(s, SeriesWindows(RingConfig())) for s in groups.series]
             fold_many(series, groups.cols, groups.bounds)
         t3 = time.perf_counter()
@@ -59,7 +66,7 @@ def main() -> None:
         events = len(valid)
         timings = {
             "decode": t1 - t0,
-            "route": t2 - t1,
+            "group": t2 - t1,
             "fold": t3 - t2,
             "checkpoint_bytes": t4 - t3,
         }
@@ -71,6 +78,7 @@ def main() -> None:
     result = {
         "events": events,
         "series": 10_000,
+        "partitions": PARTITIONS,
         "stages": stages,
         "all_stages_events_per_s": round(events / total),
         "machine": machine("in-process, no Kafka"),

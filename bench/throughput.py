@@ -16,6 +16,13 @@
    reports ready to the moment its final 1-minute snapshots account for every
    event; its peak RSS (VmHWM) is read from ``/proc``.
 
+Input layouts: *by series* (default; every message holds events whose series
+share a home partition and goes to that partition, as every producer this
+project ships does: the worker folds them with one broker hop) and *random*
+(messages of random series on arbitrary partitions: every event takes the
+forward hop through ``tailguard.internal.series``). The main figures are by
+series; ``random_partitions`` repeats the run at random.
+
 4. *Series sweep*: the same number of events over fewer series
    (``BENCH_SERIES_SWEEP``, default ``100``; empty to skip), each in a fresh
    namespace and worker. A worker's cost has a per-event part (decode, fold)
@@ -43,8 +50,9 @@ import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from tailguard.schemas import InferenceEvent
+from tailguard.schemas.placement import home_partition, series_key_of
 
-from bench.common import machine, run, worker_counters, write_result
+from bench.common import machine, run, worker_counters, worker_paths, write_result
 from bench.memory import RssSampler, proc_memory, replay
 from tailguard.catalogue import catalogue
 from tailguard.kafka_admin import create_topics
@@ -70,7 +78,17 @@ def series_fields(s: int, series: int) -> dict[str, str]:
 
 
 def make_messages(n: int, series: int, seed: int = 1) -> list[bytes]:
-    """``n`` requests at 100 per ms of event time, then one closing request per series."""
+    """``n`` requests at 100 per ms of event time, then one closing request per series
+    (messages of random series)."""
+    return [value for _, value in make_placed_messages(n, series, seed, partitions=None)]
+
+
+def make_placed_messages(
+    n: int, series: int, seed: int = 1, partitions: int | None = PARTITIONS
+) -> list[tuple[int | None, bytes]]:
+    """:func:`make_messages` as ``(partition, message)``: with ``partitions``, every
+    message holds up to ``PER_MESSAGE`` events of one home partition, in event
+    time order; without, ``PER_MESSAGE`` consecutive events and no partition."""
     rng = np.random.default_rng(seed)
     start = int(time.time() * 1000) - 1_800_000
     ttft = rng.lognormal(np.log(180), 0.45, n)
@@ -78,12 +96,30 @@ def make_messages(n: int, series: int, seed: int = 1) -> list[bytes]:
     sid = rng.integers(0, series, n)
     names = [series_fields(s, series) for s in range(series)]
     enc = msgspec.json.Encoder()
-    msgs = []
+    home = [
+        None if partitions is None else home_partition(series_key_of(f), partitions) for f in names
+    ]
+    msgs: list[tuple[int | None, bytes]] = []
+    open_: dict[int | None, list[dict[str, Any]]] = {}
+
+    def add(s: int, event: dict[str, Any]) -> None:
+        batch = open_.setdefault(home[s], [])
+        batch.append(event)
+        if len(batch) == PER_MESSAGE:
+            msgs.append((home[s], enc.encode(batch)))
+            batch.clear()
+
+    def close_all() -> None:
+        for part, batch in open_.items():
+            if batch:
+                msgs.append((part, enc.encode(batch)))
+        open_.clear()
+
     for lo in range(0, n, PER_MESSAGE):
-        batch = []
         for i in range(lo, min(n, lo + PER_MESSAGE)):
             itl = gaps[i].tolist()
-            batch.append(
+            add(
+                int(sid[i]),
                 {
                     "event_id": f"b{i}",
                     "ts_ms": start + i // PER_MS,
@@ -97,13 +133,14 @@ def make_messages(n: int, series: int, seed: int = 1) -> list[bytes]:
                     "trace_id": f"{i:032x}",
                     "host": f"gpu-node-{int(sid[i]) % 16:02d}",
                     "gpu_ids": [int(sid[i]) % 8],
-                }
+                },
             )
-        msgs.append(enc.encode(batch))
+    close_all()
     # Closing requests: past every series' last bucket + lateness, so its minutes close.
     closing = start + n // PER_MS + LATENESS_MS + 120_000
-    for lo in range(0, series, PER_MESSAGE):
-        batch = [
+    for s in range(series):
+        add(
+            s,
             {
                 "event_id": f"close{s}",
                 "ts_ms": closing,
@@ -112,19 +149,20 @@ def make_messages(n: int, series: int, seed: int = 1) -> list[bytes]:
                 "ttft_ms": 100.0,
                 "e2e_ms": 200.0,
                 "output_tokens": 1,
-            }
-            for s in range(lo, min(series, lo + PER_MESSAGE))
-        ]
-        msgs.append(enc.encode(batch))
+            },
+        )
+    close_all()
     return msgs
 
 
-def preload(topic: str, msgs: list[bytes]) -> None:
+def preload(topic: str, msgs: list[tuple[int | None, bytes]]) -> None:
+    """Messages with a partition go there; the others are spread by key over all."""
     p = Producer({"bootstrap.servers": BROKER, "linger.ms": 20, "compression.type": "lz4"})
-    for i, m in enumerate(msgs):
+    for i, (part, m) in enumerate(msgs):
+        where = {} if part is None else {"partition": part}
         while True:
             try:
-                p.produce(topic, m, key=str(i % 64).encode())
+                p.produce(topic, m, key=str(i % 64).encode(), **where)
                 break
             except BufferError:
                 p.poll(0.05)
@@ -246,6 +284,7 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
         if done_at is None:
             raise SystemExit(f"worker did not account for all events in time ({counted}/{total})")
         rss = proc_memory(proc.pid)["VmHWM"]
+        local, forwarded = worker_paths(log_path)
         sampler.stop()
     finally:
         # py-spy writes its profile on SIGINT; the worker stops cleanly on either.
@@ -266,6 +305,7 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
         "peak_rss_mib": round(rss, 1),
         "series_seen": len(series),
         "late": late_total,
+        "forwarded_share": round(forwarded / max(local + forwarded, 1), 4),
         "rss_baseline": sampler.baseline or {},
         "rss_peak": sampler.peak,
         "rss_peak_at_s": round(sampler.peak_at_s - (t0 - started), 1),
@@ -307,11 +347,40 @@ def rss_breakdown(w: dict[str, Any], state: dict[str, Any]) -> dict[str, float]:
     return {"peak": round(peak, 1), **{k: round(v, 1) for k, v in parts.items()}}
 
 
+def measure(n_series: int, *, by_series: bool) -> dict[str, Any]:
+    """A fresh namespace, ``EVENTS`` events over ``n_series`` series, one worker."""
+    tag = uuid.uuid4().hex[:8]
+    prefix = f"bench{tag}."
+    create_topics(BROKER, catalogue(PARTITIONS, prefix=prefix))
+    msgs = make_placed_messages(EVENTS, n_series, partitions=PARTITIONS if by_series else None)
+    preload(prefix + "tailguard.inference", msgs)
+    w = run_worker(prefix, f"bench-{tag}", EVENTS)
+    w["events_per_s"] = EVENTS / w["seconds"]
+    layout = "by series" if by_series else "random"
+    print(f"{n_series} series, {layout}: {w['events_per_s']:,.0f} events/s", flush=True)
+    return w
+
+
+def summary(w: dict[str, Any], ceil_eps: float, n_series: int, by_series: bool) -> dict[str, Any]:
+    return {
+        "series": n_series,
+        "partitioned_by_series": by_series,
+        "events_per_s": round(w["events_per_s"]),
+        "ratio": round(w["events_per_s"] / ceil_eps, 4),
+        "forwarded_share": w["forwarded_share"],
+        "seconds": round(w["seconds"], 2),
+        "close_minute_s": round(w["seconds"] - w["applied_s"], 2),
+        "series_seen": w["series_seen"],
+        "late_events": w["late"],
+        "peak_rss_mib": w["peak_rss_mib"],
+    }
+
+
 def main() -> None:
     tag = uuid.uuid4().hex[:8]
     prefix = f"bench{tag}."
     create_topics(BROKER, catalogue(PARTITIONS, prefix=prefix))
-    msgs = make_messages(EVENTS, SERIES)
+    msgs = make_placed_messages(EVENTS, SERIES)
     topic = prefix + "tailguard.inference"
     t = time.perf_counter()
     preload(topic, msgs)
@@ -324,27 +393,14 @@ def main() -> None:
     print(f"ceiling: {ceil_eps:,.0f} events/s", flush=True)
     w = run_worker(prefix, f"bench-{tag}", EVENTS)
     eps = EVENTS / w["seconds"]
+    print(f"{SERIES} series, by series: {eps:,.0f} events/s", flush=True)
+    at_random = summary(measure(SERIES, by_series=False), ceil_eps, SERIES, False)
     sweep = []
     for n_series in SWEEP:
-        sweep_tag = uuid.uuid4().hex[:8]
-        sweep_prefix = f"bench{sweep_tag}."
-        create_topics(BROKER, catalogue(PARTITIONS, prefix=sweep_prefix))
-        sweep_msgs = make_messages(EVENTS, n_series)
-        preload(sweep_prefix + "tailguard.inference", sweep_msgs)
-        sw = run_worker(sweep_prefix, f"bench-{sweep_tag}", EVENTS)
-        sweep_eps = EVENTS / sw["seconds"]
-        print(f"{n_series} series: {sweep_eps:,.0f} events/s", flush=True)
-        sweep.append(
-            {
-                "series": n_series,
-                "events_per_s": round(sweep_eps),
-                "ratio": round(sweep_eps / ceil_eps, 4),
-                "seconds": round(sw["seconds"], 2),
-                "close_minute_s": round(sw["seconds"] - sw["applied_s"], 2),
-                "series_seen": sw["series_seen"],
-                "peak_rss_mib": sw["peak_rss_mib"],
-            }
-        )
+        for by_series in (True, False):
+            sweep.append(
+                summary(measure(n_series, by_series=by_series), ceil_eps, n_series, by_series)
+            )
     print("replaying the series state in-process (bench.memory)", flush=True)
     state = replay(EVENTS, SERIES, PARTITIONS)
     result = {
@@ -353,9 +409,11 @@ def main() -> None:
         "events_per_message": PER_MESSAGE,
         "partitions": PARTITIONS,
         "all_agents": True,
+        "partitioned_by_series": True,
         "events_per_s": round(eps),
         "ceiling_events_per_s": round(ceil_eps),
         "ratio": round(eps / ceil_eps, 4),
+        "forwarded_share": w["forwarded_share"],
         "seconds": round(w["seconds"], 2),
         "applied_per_s": round(EVENTS / w["applied_s"]),
         "close_minute_s": round(w["seconds"] - w["applied_s"], 2),
@@ -363,6 +421,7 @@ def main() -> None:
         "late_events": w["late"],
         "peak_rss_mib": w["peak_rss_mib"],
         "worker_startup_s": round(w["startup_s"], 2),
+        "random_partitions": at_random,
         "rss_breakdown_mib": rss_breakdown(w, state),
         "memory_env": {
             k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "TAILGUARD_ROCKSDB"))

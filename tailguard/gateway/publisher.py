@@ -5,7 +5,7 @@
     request handlers (event loop)          publisher thread
     ───────────────────────────            ──────────────────────────────────────────
     submit(event) ─▶ deque (≤ buffer_events) ─▶ every linger_ms: take ≤ batch_events,
-      O(1), never blocks, never raises          group by service/model, JSON arrays ≤ 900 kB
+      O(1), never blocks, never raises          group by series, JSON arrays ≤ 900 kB
       full: the *oldest* event is dropped       per group ─▶ librdkafka (≤ max_in_flight events
       and counted                               not yet acknowledged) ─▶ tailguard.inference
 
@@ -20,6 +20,10 @@ when everything held is already with librdkafka — and counted in ``dropped``.
 A batch librdkafka gives up on (its timeout) goes back to the front of the
 deque while there is room. When the broker returns, the backlog
 drains in order of arrival per key.
+
+Messages are keyed by their series (``service|model|variant|tenant``), so
+librdkafka's default partitioner puts each on its series' home partition
+(:mod:`tailguard.schemas.placement`) and the worker folds it with one hop.
 """
 
 import collections
@@ -32,6 +36,8 @@ from typing import Any
 
 import msgspec
 from confluent_kafka import KafkaError, Producer
+
+from tailguard.schemas.placement import series_key_of
 
 __all__ = ["EventPublisher", "PublisherStats"]
 
@@ -81,7 +87,9 @@ class EventPublisher:
         #: Below the 1 MiB a worker accepts per message (``schemas.Limits``).
         self.max_message_bytes = max_message_bytes
         self.stats = PublisherStats()
-        self._key = key or (lambda e: f"{e.get('service')}/{e.get('model')}")
+        # Keyed by series: librdkafka's default partitioner then puts each message
+        # on its series' home partition, where the worker folds it in one hop.
+        self._key = key or series_key_of
         self._queue: collections.deque[dict[str, Any]] = collections.deque()
         self._lock = threading.Lock()
         self._in_flight = 0

@@ -1,9 +1,11 @@
 """Send simulated inference events to Kafka (``tailguard.inference``), and KV snapshots.
 
-Each Kafka message is a JSON array of up to ``batch_size`` events of one
-``service/model`` (SPEC §1 allows a batch per message); the key is
-``"service/model"``. The producer is idempotent with ``acks=all``, lingers
-20 ms and compresses with lz4.
+Each Kafka message is a JSON array of up to ``batch_size`` events whose series
+share a home partition (:mod:`tailguard.schemas.placement`); the key is the
+series key of its first event, so librdkafka's default partitioner puts it on
+that partition and the worker folds it with one broker hop. When the topic's
+partition count is unknown, a message holds one series. The producer is
+idempotent with ``acks=all``, lingers 20 ms and compresses with lz4.
 
 With ``kv_topic`` set, the KV-cache snapshots of every instance
 (:mod:`tailguard.simulator.kv`, one every ``kv_interval_s`` of event time) go
@@ -31,6 +33,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
+from tailguard.schemas.placement import by_home_partition, series_key_of
 from tailguard.simulator.config import SimConfig
 from tailguard.simulator.errors import SimulatorError
 from tailguard.simulator.kv import DEFAULT_KV_INTERVAL_S, KvTracker
@@ -154,10 +157,12 @@ def _connect(broker: str, overrides: Mapping[str, Any] | None, timeout_s: float)
     return producer
 
 
-def _check_topic(producer: ProducerPort, broker: str, topic: str, timeout_s: float) -> None:
-    """Fail early when ``topic`` is missing. A broker that auto-creates topics answers the
-    first metadata request with UNKNOWN_TOPIC_OR_PART and creates the topic, so the
-    check asks again for up to ``min(timeout_s, 5)`` seconds before it gives up."""
+def _check_topic(producer: ProducerPort, broker: str, topic: str, timeout_s: float) -> int | None:
+    """Fail early when ``topic`` is missing; return its partition count (None: not said).
+
+    A broker that auto-creates topics answers the first metadata request with
+    UNKNOWN_TOPIC_OR_PART and creates the topic, so the check asks again for up
+    to ``min(timeout_s, 5)`` seconds before it gives up."""
     from confluent_kafka import KafkaError, KafkaException
 
     deadline = time.monotonic() + min(timeout_s, 5.0)
@@ -172,7 +177,8 @@ def _check_topic(producer: ProducerPort, broker: str, topic: str, timeout_s: flo
             err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
         )
         if not missing:
-            return
+            partitions = getattr(tmeta, "partitions", None)
+            return len(partitions) if partitions else None
         if time.monotonic() >= deadline:
             break
         time.sleep(0.25)
@@ -182,6 +188,22 @@ def _check_topic(producer: ProducerPort, broker: str, topic: str, timeout_s: flo
         "a broker that auto-creates them), or pass another --topic."
     )
     raise SimulatorError(msg)
+
+
+def _placed(
+    batch: list[dict[str, Any]], partitions: int | None
+) -> list[tuple[bytes, list[dict[str, Any]]]]:
+    """``batch`` split by home partition (by series when the count is unknown),
+    each part with the message key that places it there."""
+    if partitions is None:
+        by_series: dict[str, list[dict[str, Any]]] = {}
+        for event in batch:
+            by_series.setdefault(series_key_of(event), []).append(event)
+        return [(key.encode(), events) for key, events in by_series.items()]
+    return [
+        (key.encode(), list(events))  # type: ignore[arg-type]
+        for key, events in by_home_partition(batch, partitions).values()
+    ]
 
 
 def _encode(
@@ -260,7 +282,7 @@ def run(
         raise ValueError(msg)
     if producer is None:
         producer = _connect(broker, kafka_config, connect_timeout_s)
-    _check_topic(producer, broker, topic, connect_timeout_s)
+    partitions = _check_topic(producer, broker, topic, connect_timeout_s)
     if kv_topic is not None:
         _check_topic(producer, broker, kv_topic, connect_timeout_s)
     if pace == "realtime":
@@ -320,10 +342,9 @@ def run(
                 while (wait_ms := due_ms - _now_ms()) > 0:
                     producer.poll(min(wait_ms / 1000.0, 0.2))
                     report()
-            first = batch[0]
-            key = f"{first['service']}/{first['model']}".encode()
-            for n_events, payload in _encode(batch, encoder, max_message_bytes):
-                send(n_events, key, payload)
+            for key, events in _placed(batch, partitions):
+                for n_events, payload in _encode(events, encoder, max_message_bytes):
+                    send(n_events, key, payload)
             lo, hi = batch[0]["ts_ms"], batch[-1]["ts_ms"]
             stats.first_ts_ms = lo if stats.first_ts_ms is None else min(lo, stats.first_ts_ms)
             stats.last_ts_ms = hi if stats.last_ts_ms is None else max(hi, stats.last_ts_ms)

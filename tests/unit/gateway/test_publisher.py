@@ -14,13 +14,13 @@ def _values(producer: Any) -> list[dict[str, Any]]:
     return [e for r in producer.sent for e in json.loads(r["value"])]
 
 
-def test_events_go_out_as_json_arrays_keyed_by_service_and_model(producer: Any) -> None:
+def test_events_go_out_as_json_arrays_keyed_by_their_series(producer: Any) -> None:
     pub = EventPublisher("unused:9092", "t.inference", batch_events=10, producer=producer)
     for i in range(6):
         pub.submit(_event(i, model="a" if i % 2 else "b"))
     assert pub.drain() == 6
     producer.poll()
-    assert {r["key"] for r in producer.sent} == {b"s/a", b"s/b"}
+    assert {r["key"] for r in producer.sent} == {b"s|a|default|default", b"s|b|default|default"}
     assert [e["event_id"] for e in _values(producer)] == ["e0", "e2", "e4", "e1", "e3", "e5"]
     assert pub.stats.published == 6 and pub.buffered == 0
 

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 from confluent_kafka import KafkaError
+from tailguard.schemas.placement import home_partition, series_key_of
 
 from tailguard.simulator import SimConfig, SimulatorError, Stats, generate, run
 from tailguard.simulator.producer import producer_config
@@ -30,6 +31,8 @@ class FakeProducer:
     """Delivers on poll/flush; fails every ``fail_every``-th message when > 0."""
 
     topics: tuple[str, ...] = ("tailguard.inference",)
+    #: Partitions the metadata reports per topic (0: metadata without partitions).
+    partitions: int = 4
     fail_every: int = 0
     missing_error: KafkaError | None = None
     sent: list[Sent] = field(default_factory=list)
@@ -67,7 +70,8 @@ class FakeProducer:
         return 0
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
-        topics = {t: SimpleNamespace(error=None) for t in self.topics}
+        parts = {p: None for p in range(self.partitions)}
+        topics = {t: SimpleNamespace(error=None, partitions=parts) for t in self.topics}
         if topic is not None and topic not in topics:
             topics[topic] = SimpleNamespace(error=self.missing_error)
             if self.missing_error is None:
@@ -75,20 +79,33 @@ class FakeProducer:
         return SimpleNamespace(topics=topics)
 
 
+def test_without_a_partition_count_a_message_holds_one_series(make_cfg: MakeCfg) -> None:
+    fake = FakeProducer(partitions=0)
+    run(make_cfg(rate=100.0, duration_s=5.0), broker="fake:9092", pace="max", producer=fake)
+    assert fake.sent
+    for s in fake.sent:
+        assert {series_key_of(e) for e in msgspec.json.decode(s.value)} == {s.key.decode()}
+
+
 def _events(fake: FakeProducer) -> list[dict[str, Any]]:
     return [e for s in fake.sent for e in msgspec.json.decode(s.value)]
 
 
-def test_messages_are_json_arrays_of_one_service_model_keyed_by_it(make_cfg: MakeCfg) -> None:
+def test_messages_hold_one_home_partition_keyed_by_a_series_of_it(make_cfg: MakeCfg) -> None:
     cfg = make_cfg(rate=100.0, duration_s=20.0)
-    fake = FakeProducer()
+    fake = FakeProducer(partitions=4)
     stats = run(cfg, broker="fake:9092", batch_size=50, pace="max", producer=fake)
+    homes = set()
     for s in fake.sent:
         batch = msgspec.json.decode(s.value)
         assert s.topic == "tailguard.inference"
         assert isinstance(batch, list) and 1 <= len(batch) <= 50
-        assert {f"{e['service']}/{e['model']}".encode() for e in batch} == {s.key}
+        home = home_partition(s.key.decode(), 4)
+        assert s.key.decode() in {series_key_of(e) for e in batch}
+        assert {home_partition(series_key_of(e), 4) for e in batch} == {home}
+        homes.add(home)
         assert ("content-type", b"application/json") in s.headers
+    assert len(homes) > 1, "the configuration spreads its series over partitions"
     sent = _events(fake)
     assert sorted(e["event_id"] for e in sent) == sorted(e["event_id"] for e in generate(cfg))
     assert stats.events == stats.delivered_events == len(sent)

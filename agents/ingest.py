@@ -16,16 +16,24 @@ count — the partition its state lives on. A producer that places each event on
 its series' home partition (every producer this project ships does) sends every
 event through one broker hop; any other placement still works, through
 ``tailguard.internal.series`` (:func:`~tailguard.agents.internal.route`).
-Folding in place needs the input topic to have as many partitions as the
-tables; otherwise every event is forwarded, and the input is acknowledged once
-forwarded.
+A series that also arrives on other partitions is forwarded whole, from every
+partition, for as long as this worker remembers it
+(:meth:`~tailguard.agents.folder.SeriesFolder.note_forwarded`): its requests
+then reach the fold in one order, and the watermark each meets does not depend
+on which path was faster. Folding in place needs the input topic to have as
+many partitions as the tables; otherwise every event is forwarded, and the
+input is acknowledged once forwarded.
 
 Batching: the agent buffers events and processes the buffer at
 ``ingest_batch`` messages, or from a timer once the oldest buffered message is
 ``ingest_within_s`` old. Big batches keep the forwarded messages few and large,
-and let a fold touch each series once per batch.
+and let a fold touch each series once per batch. Decoding, forwarding and the
+fan-out run outside the folder's lock (the SLI agent folds meanwhile); holding
+the input and folding it run under it, so a checkpoint never acknowledges
+input it has not folded.
 """
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -35,7 +43,13 @@ import numpy as np
 from faust.types import TP
 from tailguard.agents.deadletters import send_rejects
 from tailguard.agents.folder import SeriesFolder
-from tailguard.agents.internal import group_series, partition_for, route, series_key
+from tailguard.agents.internal import (
+    SeriesGroups,
+    group_series,
+    partition_for,
+    route,
+    series_key,
+)
 from tailguard.agents.settings import Settings
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.topics import Topics
@@ -84,19 +98,16 @@ def register_ingest(
     streams: list[Any] = []  # the agent's manual-ack stream, once it runs
     #: Input partitions whose events may be folded here (see ``on_assigned``).
     in_place: set[int] = set()
+    draining = asyncio.Lock()
 
     async def process(stream: Any, events: list[Any]) -> None:
         now = int(time.time() * 1000)
+        placed = set(in_place)
         valid: list[InferenceEvent] = []
         positions: list[tuple[int, int]] = []
         taken: set[tuple[int, int]] = set()
-        forwarded_only = []
         for event in events:
             msg = event.message
-            if msg.partition in in_place:
-                folder.hold(msg.partition, stream, event)
-            else:
-                forwarded_only.append(event)
             if (msg.partition, msg.offset) in taken:
                 # Delivered twice in one batch (seen right after a takeover's
                 # seek): folding or forwarding both copies together would make the
@@ -121,14 +132,29 @@ def register_ingest(
                 valid.extend(decoded.valid)
                 positions.extend([(msg.partition, msg.offset)] * len(decoded.valid))
         stats.events_valid += len(valid)
-        if valid:
-            await dispatch(valid, positions)
-        # Input nothing is folded from here: acknowledged once its batch is sent
-        # (faust flushes its producer before it commits).
-        for event in forwarded_only:
-            await stream.ack(event)
+        # Forwarding and the fan-out need no state: they run before the folder's
+        # lock is taken, so the SLI agent folds meanwhile.
+        here = await dispatch(valid, positions, placed) if valid else {}
+        async with folder.busy:
+            for event in events:
+                partition = event.message.partition
+                if partition in placed and partition in in_place:
+                    folder.hold(partition, stream, event)
+            for partition, groups in here.items():
+                if partition in in_place:  # else moved meanwhile: its new owner replays it
+                    await folder.fold(
+                        partition, groups.series, groups.cols, groups.bounds, groups.gpus
+                    )
+        # Input of which nothing is folded here: acknowledged once forwarded (faust
+        # flushes its producer before it commits).
+        for event in events:
+            if event.message.partition not in placed:
+                await stream.ack(event)
 
-    async def dispatch(valid: list[InferenceEvent], positions: list[tuple[int, int]]) -> None:
+    async def dispatch(
+        valid: list[InferenceEvent], positions: list[tuple[int, int]], placed: set[int]
+    ) -> dict[int, SeriesGroups]:
+        """Forward what is not folded here, feed the fan-out; the groups to fold here."""
         index: dict[tuple[str, str, str, str], int] = {}
         gid = np.fromiter(
             (
@@ -141,14 +167,14 @@ def register_ingest(
         series = list(index)
         home = np.fromiter(map(home_of, series), dtype=np.int64, count=len(series))
         part = np.fromiter((p for p, _ in positions), dtype=np.int64, count=len(valid))
-        here = np.isin(part, list(in_place)) & (part == home[gid])
+        at_home = np.isin(part, list(placed)) & (part == home[gid])
         # A series fed from another partition too (now or before) is forwarded whole.
         spread = np.zeros(len(series), dtype=np.bool_)
-        spread[gid[~here]] = True
+        spread[gid[~at_home]] = True
         folder.note_forwarded([series[i] for i in np.flatnonzero(spread).tolist()])
         forwarded = folder.forwarded
         spread |= np.fromiter((s in forwarded for s in series), dtype=np.bool_, count=len(series))
-        local = here & ~spread[gid]
+        local = at_home & ~spread[gid]
         n_local = int(local.sum())
         stats.events_local += n_local
         stats.events_forwarded += len(valid) - n_local
@@ -160,40 +186,36 @@ def register_ingest(
                 await topics.series.send(
                     key=str(partition).encode(), value=value, partition=partition
                 )
-        if n_local:
-            rows = np.flatnonzero(local)
-            for partition in np.unique(part[rows]).tolist():
-                mine = rows[part[rows] == partition].tolist()
-                groups = group_series([valid[i] for i in mine], [positions[i] for i in mine])
-                await folder.fold(partition, groups.series, groups.cols, groups.bounds, groups.gpus)
         if forward_experiments is not None:
             await forward_experiments(valid, positions)
+        here: dict[int, SeriesGroups] = {}
+        rows = np.flatnonzero(local)
+        for partition in np.unique(part[rows]).tolist():
+            mine = rows[part[rows] == partition].tolist()
+            here[partition] = group_series([valid[i] for i in mine], [positions[i] for i in mine])
+        return here
 
     async def drain(stream: Any) -> None:
-        batch = buffer[:]
-        buffer.clear()
-        if batch:
-            await process(stream, batch)
+        async with draining:  # batches are processed one at a time, in order
+            batch = buffer[:]
+            buffer.clear()
+            if batch:
+                await process(stream, batch)
 
     @app.agent(topics.inference, name="tailguard.ingest")
     async def ingest(stream: faust.StreamT[bytes]) -> None:
         manual = stream.noack()
         streams[:] = [manual]
         async for event in manual.events():
-            async with folder.busy:
-                if not buffer:
-                    started[0] = time.monotonic()
-                buffer.append(event)
-                if len(buffer) >= settings.ingest_batch:
-                    await drain(manual)
+            if not buffer:
+                started[0] = time.monotonic()
+            buffer.append(event)
+            if len(buffer) >= settings.ingest_batch:
+                await drain(manual)
 
     @app.timer(settings.ingest_within_s / 2, name="tailguard.ingest.flush")
     async def flush_partial_batch() -> None:
-        if not buffer or not streams:
-            return
-        if time.monotonic() - started[0] < settings.ingest_within_s:
-            return
-        async with folder.busy:
+        if buffer and streams and time.monotonic() - started[0] >= settings.ingest_within_s:
             await drain(streams[0])
 
     @app.on_partitions_assigned.connect

@@ -201,6 +201,10 @@ class BreachEngine:
     #: Breach states changed since their partition's last checkpoint.
     _states: dict[bytes, bytes] = field(default_factory=dict)
     _unsaved: dict[int, set[bytes]] = field(default_factory=dict)
+    #: What the table holds (None: nothing) for every state read or written here,
+    #: per partition: a minute's close reads five states of every series, and
+    #: most series have none to read.
+    _known: dict[int, dict[bytes, bytes | None]] = field(default_factory=dict)
 
     def specs_for(self, series: tuple[str, str, str, str]) -> list[SloSpec]:
         return applicable(self.slos, *series)
@@ -220,9 +224,7 @@ class BreachEngine:
         out: list[Transition] = []
         for spec in specs:
             skey = f"{key}{_SEP}{spec.name}".encode()
-            raw = self._states.get(skey)
-            if raw is None:
-                raw = self.state_table.get(skey)
+            raw = self._read(skey, cached.partition)
             state = (
                 BreachState.from_bytes(raw, key=skey)
                 if raw is not None
@@ -242,11 +244,20 @@ class BreachEngine:
             out.extend(transitions)
         return out
 
-    def _silent_state(self, key: str) -> tuple[bytes, SilentState]:
-        skey = f"{key}{_SEP}{_SILENT}".encode()
+    def _read(self, skey: bytes, partition: int) -> bytes | None:
+        """The newest state of ``skey``: unsaved, else known, else read from the table."""
         raw = self._states.get(skey)
-        if raw is None:
-            raw = self.state_table.get(skey)
+        if raw is not None:
+            return raw
+        known = self._known.setdefault(partition, {})
+        if skey in known:
+            return known[skey]
+        raw = known[skey] = self.state_table.get(skey)
+        return raw
+
+    def _silent_state(self, key: str, partition: int) -> tuple[bytes, SilentState]:
+        skey = f"{key}{_SEP}{_SILENT}".encode()
+        raw = self._read(skey, partition)
         state = (
             SilentState.from_bytes(raw, key=skey)
             if raw is not None
@@ -258,7 +269,7 @@ class BreachEngine:
         self, key: str, cached: CachedSeries, end_ms: int
     ) -> list[SilentTransition]:
         """Judge the short window ending at ``end_ms`` for a silent collapse; learn the minute."""
-        skey, state = self._silent_state(key)
+        skey, state = self._silent_state(key, cached.partition)
         windows = cached.state
         minute = window_stats(windows.window(_MINUTE_MS, end_ms), _MINUTE_MS)
         short_ms = self.silent.short_window_ms
@@ -273,7 +284,7 @@ class BreachEngine:
         self, key: str, cached: CachedSeries, at_ms: int
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """``attribution`` and ``stages`` of a breach of the series at ``at_ms``."""
-        _, state = self._silent_state(key)
+        _, state = self._silent_state(key, cached.partition)
         base = state.baseline
         short_ms = self.silent.short_window_ms
         bucket = cached.state.window(short_ms, at_ms)
@@ -301,13 +312,15 @@ class BreachEngine:
         ``event_id``) rather than remembering a transition nobody received.
         """
         keys = self._unsaved.pop(partition, set())
+        known = self._known.setdefault(partition, {})
         for skey in sorted(keys):
-            self.state_table[skey] = self._states.pop(skey)
+            self.state_table[skey] = known[skey] = self._states.pop(skey)
         return len(keys)
 
     def forget_partitions(self, partitions: set[int]) -> None:
         """Drop unwritten states of partitions that moved away (their input is replayed)."""
         for partition in partitions:
+            self._known.pop(partition, None)
             for skey in self._unsaved.pop(partition, set()):
                 self._states.pop(skey, None)
 

@@ -241,7 +241,6 @@ class SeriesFolder:
                 states.append(cached.state)
                 closers.append(self._closer(name, key, cached, specs[key], outgoing))
                 store.mark_unsaved(key, partition)
-                cached.dirty = True
         results = fold_many(states, cols, bounds, closers)
         stats = self.stats
         for result in results:
@@ -350,16 +349,31 @@ class SeriesFolder:
             stats.state_writes += self.engine.checkpoint(partition)
             try:
                 stats.state_writes += await self.store.checkpoint(
-                    partition, app.producer.flush, lambda: partition in self.owned
+                    partition, self._flush, lambda: partition in self.owned
                 )
+                await self._flush()  # the last records (metas) before the acks
             except CheckpointInterrupted as exc:
                 app.log.info("tailguard: %s; nothing acknowledged", exc)
+                return
+            except OutputError as exc:
+                app.log.warning(
+                    "tailguard: checkpoint of partition %d deferred: %s", partition, exc
+                )
+                cadence.deferred(partition, time.monotonic())
                 return
         for stream, held in self.pending.pop(partition, []):
             await stream.ack(held)
         ended = time.monotonic()
         cadence.done(partition, started, ended)
         stats.checkpoint_seconds += ended - started
+
+    async def _flush(self) -> None:
+        """Everything written so far is on the broker: faust's producer (breach
+        states, forwarded input) and the outputs (snapshots, bulk table records)."""
+        await self.app.producer.flush()
+        await self.outputs.flush()
+        if self.store.writer is not None:
+            self.store.writer.delivered()
 
     async def checkpoint_quiet_partitions(self) -> None:
         """Checkpoint every partition that is due and holds input.

@@ -48,6 +48,7 @@ from tailguard.agents.internal import (
     group_series,
     partition_for,
     route,
+    series_index,
     series_key,
 )
 from tailguard.agents.settings import Settings
@@ -155,16 +156,7 @@ def register_ingest(
         valid: list[InferenceEvent], positions: list[tuple[int, int]], placed: set[int]
     ) -> dict[int, SeriesGroups]:
         """Forward what is not folded here, feed the fan-out; the groups to fold here."""
-        index: dict[tuple[str, str, str, str], int] = {}
-        gid = np.fromiter(
-            (
-                index.setdefault((ev.service, ev.model, ev.variant, ev.tenant), len(index))
-                for ev in valid
-            ),
-            dtype=np.int64,
-            count=len(valid),
-        )
-        series = list(index)
+        gid, series = series_index(valid)
         home = np.fromiter(map(home_of, series), dtype=np.int64, count=len(series))
         part = np.fromiter((p for p, _ in positions), dtype=np.int64, count=len(valid))
         at_home = np.isin(part, list(placed)) & (part == home[gid])
@@ -191,8 +183,14 @@ def register_ingest(
         here: dict[int, SeriesGroups] = {}
         rows = np.flatnonzero(local)
         for partition in np.unique(part[rows]).tolist():
-            mine = rows[part[rows] == partition].tolist()
-            here[partition] = group_series([valid[i] for i in mine], [positions[i] for i in mine])
+            mine = rows[part[rows] == partition]
+            ids, inverse = np.unique(gid[mine], return_inverse=True)
+            picked = mine.tolist()
+            here[partition] = group_series(
+                [valid[i] for i in picked],
+                [positions[i] for i in picked],
+                (inverse.reshape(-1), [series[i] for i in ids.tolist()]),
+            )
         return here
 
     async def drain(stream: Any) -> None:

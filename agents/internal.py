@@ -17,6 +17,8 @@ from tailguard.schemas.placement import home_partition, series_key
 from tailguard.streams.columns import Columns
 from tailguard.streams.columns import _Wire as ColumnsWire
 
+Series = tuple[str, str, str, str]
+
 __all__ = [
     "PartitionBatch",
     "SeriesGroups",
@@ -25,6 +27,7 @@ __all__ = [
     "group_series",
     "partition_for",
     "route",
+    "series_index",
     "series_key",
 ]
 
@@ -96,7 +99,13 @@ def _index(
 ) -> tuple[np.ndarray, list[tuple[str, str, str, str]], dict[tuple[int, str, int], int]]:
     """Each event's series index (first seen first), the series, and the newest
     event time per ``(series index, host, gpu)`` that served them."""
-    index: dict[tuple[str, str, str, str], int] = {}
+    gid, series = series_index(events)
+    return gid, series, _served(events, gid)
+
+
+def series_index(events: Sequence[InferenceEvent]) -> tuple[np.ndarray, list[Series]]:
+    """Each event's series as an index into the series, first seen first."""
+    index: dict[Series, int] = {}
     gid = np.fromiter(
         (
             index.setdefault((ev.service, ev.model, ev.variant, ev.tenant), len(index))
@@ -105,6 +114,11 @@ def _index(
         dtype=np.int64,
         count=len(events),
     )
+    return gid, list(index)
+
+
+def _served(events: Sequence[InferenceEvent], gid: np.ndarray) -> dict[tuple[int, str, int], int]:
+    """The newest event time per ``(series index, host, gpu)`` that served them."""
     served: dict[tuple[int, str, tuple[int, ...]], int] = {}
     for g, ev in zip(gid.tolist(), events, strict=True):
         if ev.host and ev.gpu_ids:
@@ -116,15 +130,19 @@ def _index(
         for gpu in ids:
             if ts > gpus.get((g, host, gpu), -1):
                 gpus[(g, host, gpu)] = ts
-    return gid, list(index), gpus
+    return gpus
 
 
 def group_series(
-    events: Sequence[InferenceEvent], positions: list[tuple[int, int]]
+    events: Sequence[InferenceEvent],
+    positions: list[tuple[int, int]],
+    index: tuple[np.ndarray, list[Series]] | None = None,
 ) -> SeriesGroups:
-    """``events`` grouped by series (first seen first), each group in input order:
-    what :func:`route` packs, for a fold on this worker (no size budget, no wire)."""
-    gid, series, gpus = _index(events)
+    """``events`` grouped by series, each group in input order: what :func:`route`
+    packs, for a fold on this worker (no size budget, no wire). ``index``: each
+    event's series index and the series (:func:`series_index`), when known."""
+    gid, series = index if index is not None else series_index(events)
+    gpus = _served(events, gid)
     cols = Columns.from_events(events, positions)
     order = np.argsort(gid, kind="stable")
     counts = np.bincount(gid, minlength=len(series))

@@ -4,7 +4,9 @@ A worker publishes a snapshot per series and window every closed minute:
 tens of thousands of records a minute for 10,000 series. Through faust's
 ``Topic.send`` every record costs tens of microseconds of Python (faust
 buffers, aiokafka batching and framing); librdkafka queues it in C for about
-a microsecond. Changelog writes and dead letters stay on faust's producer.
+a microsecond. The series tables' changelog records go this way too, in bulk
+(:mod:`tailguard.agents.bulk`); other table writes and dead letters stay on
+faust's producer.
 
 Delivery is checked at each checkpoint (:meth:`Outputs.flush`): the SLI
 agent acknowledges its input only after everything it published for that
@@ -64,6 +66,42 @@ class Outputs:
         self.sent += 1
         if self.sent % 1000 == 0:
             self._producer.poll(0)
+
+    def send_records(
+        self,
+        topic: str,
+        partition: int,
+        records: list[tuple[bytes, bytes | None]],
+        newest: list[int],
+    ) -> None:
+        """Queue ``records`` (``value`` None: a tombstone) on one partition, in order;
+        once delivered, ``newest[0]`` holds the offset of the last one (or a later
+        one of an earlier call). Delivery is confirmed by :meth:`flush`."""
+        if not records:
+            return
+
+        def last(err: Any, msg: Any) -> None:
+            self._report(err, msg)
+            if err is None and msg.offset() > newest[0]:
+                newest[0] = msg.offset()
+
+        producer = self._producer
+        final = len(records) - 1
+        for i, (key, value) in enumerate(records):
+            while True:
+                try:
+                    producer.produce(
+                        topic,
+                        value=value,
+                        key=key,
+                        partition=partition,
+                        on_delivery=last if i == final else self._report,
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.05)  # local queue full: let deliveries drain
+        self.sent += len(records)
+        producer.poll(0)
 
     async def flush(self, timeout_s: float = 60.0) -> None:
         """Wait, yielding to the event loop, until every record sent so far is delivered.

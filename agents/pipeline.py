@@ -7,6 +7,7 @@ import faust
 from tailguard.agents.admin import AdminPlane, register_admin
 from tailguard.agents.app import make_app
 from tailguard.agents.breaches import BreachEngine
+from tailguard.agents.bulk import BulkWriter
 from tailguard.agents.capacity import CapacityPlane, register_capacity
 from tailguard.agents.control import SloBook
 from tailguard.agents.experiment_actions import register_experiment_actions
@@ -68,7 +69,14 @@ def build(settings: Settings) -> Pipeline:
     slos = load_slos(settings.slo_file) if settings.slo_file else default_slos()
     # The live SLOs: the admin plane changes them at run time (``slo set``).
     book = SloBook(slos)
-    store = SeriesStore(tables.series_meta, tables.series_buckets, ring, book.thresholds)
+    outputs = Outputs(settings.broker)
+    store = SeriesStore(
+        tables.series_meta,
+        tables.series_buckets,
+        ring,
+        book.thresholds,
+        writer=BulkWriter(outputs),
+    )
     gpu_cache = GpuCache(settings.broker, topics.gpu.get_topic_name())
     engine = BreachEngine(slos=book.specs, state_table=tables.breach_state, gpu_table=gpu_cache)
     stats = WorkerStats()
@@ -99,7 +107,6 @@ def build(settings: Settings) -> Pipeline:
         for hook in capacity_hooks:
             await hook(events, positions)
 
-    outputs = Outputs(settings.broker)
     folder = SeriesFolder(app, topics, settings, stats, store, engine, outputs, telemetry=telemetry)
     register_ingest(app, topics, settings, stats, folder, forward)
     otlp = register_otlp(app, topics, settings, stats)

@@ -63,8 +63,6 @@ def register_sli(app: faust.App, topics: Topics, settings: Settings, folder: Ser
     async def checkpoint_quiet_partitions() -> None:
         await folder.checkpoint_quiet_partitions()
 
-    cursor = [0]
-
     if settings.snapshot_interval_s > 0:
 
         @app.timer(settings.snapshot_interval_s, name="tailguard.sli.provisional")
@@ -81,27 +79,19 @@ def register_sli(app: faust.App, topics: Topics, settings: Settings, folder: Ser
             ):
                 loaded = store.warm(lambda key: partition_for(key, settings.partitions))
                 app.log.info("tailguard: loaded %d series from the tables", loaded)
-            # Within a time budget, resuming next tick where this one stopped: with
-            # thousands of busy series a full pass would starve the agents.
+            # Within a time budget, oldest change first: with thousands of busy
+            # series a full pass would starve the agents, and what is left waits
+            # for the next tick.
             began = time.monotonic()
             budget = settings.snapshot_interval_s * _PROVISIONAL_SHARE
-            items = store.items()
-            start = cursor[0] % max(len(items), 1)
-            done = 0
-            for key, cached in items[start:] + items[:start]:
-                done += 1
-                if not cached.dirty:
-                    continue
+            while time.monotonic() - began <= budget and (found := store.next_changed()):
+                key, cached = found
                 end = cached.state.default_end()
                 if end is None:
                     continue
-                cached.dirty = False
                 series = folder.names.get(key) or _series_of(key)
                 folder.send_all(folder.snapshots(series, cached.state, end, final=False))
                 cached.state.release_window_cache()  # the next provisional end differs
-                if time.monotonic() - began > budget:
-                    break
-            cursor[0] = start + done
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:

@@ -15,9 +15,12 @@ worker owns; it is filled lazily from the tables (which faust restored from the
 changelog) and dropped for partitions that are revoked.
 """
 
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from tailguard.agents.bulk import BulkWriter, write_by_key
+from tailguard.agents.outputs import OutputError
 from tailguard.streams import Changes, RingConfig, SeriesWindows, Thresholds
 
 __all__ = ["CachedSeries", "CheckpointInterrupted", "SeriesStore", "bucket_key"]
@@ -41,8 +44,6 @@ class CachedSeries:
 
     state: SeriesWindows
     partition: int
-    #: Changed since the last provisional snapshot.
-    dirty: bool = False
     #: GPUs that served the series: ``(host, gpu) → last seen (event time)``.
     gpus: dict[tuple[str, int], int] = field(default_factory=dict)
 
@@ -56,14 +57,19 @@ class SeriesStore:
         bucket_table: MutableMapping[str, bytes],
         ring: RingConfig,
         thresholds: Callable[[str], Thresholds] | None = None,
+        writer: BulkWriter | None = None,
     ) -> None:
         self._meta = meta_table
+        #: Checkpoints write through it in bulk (None: key by key, as plain mappings).
+        self.writer = writer
         self._buckets = bucket_table
         self._ring = ring
         self._thresholds = thresholds or (lambda _series: Thresholds())
         self._cache: dict[str, CachedSeries] = {}
         #: Series changed since their partition's last checkpoint, per partition.
         self._unsaved: dict[int, set[str]] = {}
+        #: Series changed since their last provisional snapshot, oldest change first.
+        self._changed: dict[str, None] = {}
         #: Set at start and after every rebalance: the next timer tick (once
         #: recovery is complete) loads every owned series from the tables.
         self.needs_warm = True
@@ -108,9 +114,35 @@ class SeriesStore:
             if key in self._buckets:
                 del self._buckets[key]
 
+    def _write(
+        self,
+        table: Any,
+        partition: int,
+        puts: Sequence[tuple[str, bytes]],
+        deletes: Sequence[str] = (),
+    ) -> None:
+        if self.writer is not None:
+            self.writer.write(table, partition, puts, deletes)
+        else:
+            write_by_key(table, puts, deletes)
+
     def mark_unsaved(self, series: str, partition: int) -> None:
-        """``series`` changed: write it at its partition's next :meth:`checkpoint`."""
+        """``series`` changed: write it at its partition's next :meth:`checkpoint`
+        and show it in the next provisional snapshots (:meth:`next_changed`)."""
         self._unsaved.setdefault(partition, set()).add(series)
+        self._changed[series] = None
+
+    def next_changed(self) -> tuple[str, CachedSeries] | None:
+        """The series changed longest ago and not shown since (forgotten here), or None.
+
+        Costs one step per changed series, however many series are known."""
+        while self._changed:
+            key = next(iter(self._changed))
+            del self._changed[key]
+            cached = self._cache.get(key)
+            if cached is not None:
+                return key, cached
+        return None
 
     def unsaved(self, partition: int) -> int:
         return len(self._unsaved.get(partition, ()))
@@ -123,9 +155,12 @@ class SeriesStore:
     ) -> int:
         """Write every changed series of ``partition``; returns how many records.
 
-        In three steps, with ``flush`` (the producer's: every write so far is on
-        the changelog) between them, so that whatever a kill leaves in the local
-        store and on the changelog restores to a consistent state:
+        In three steps, with ``flush`` (every write so far is on the changelog:
+        faust's producer's and the bulk writer's) between them, so that whatever a
+        kill leaves in the local store and on the changelog restores to a
+        consistent state (with a :class:`~tailguard.agents.bulk.BulkWriter`, each
+        step is one RocksDB write batch per table and its changelog records in
+        bulk, and the caller flushes once more before it acknowledges input):
 
         1. the touched buckets: a bucket ahead of its meta is harmless (its
            ``applied`` offsets make the replay skip what it holds);
@@ -137,6 +172,7 @@ class SeriesStore:
         Must run inside the agent while it processes a message of ``partition``
         (faust writes to the store and changelog partition of the current event);
         the caller's writes made before it (breach states) are flushed in step 1.
+        A flush that fails raises :class:`CheckpointInterrupted` too.
 
         ``still_mine()`` is asked after each flush: if the partition was revoked
         meanwhile (a rebalance), writing on could put stale records on a changelog
@@ -145,40 +181,56 @@ class SeriesStore:
         if the partition stays here.
         """
         keys = self._unsaved.pop(partition, set())
+        buckets: list[tuple[str, bytes]] = []
         metas: list[tuple[str, bytes]] = []
         pruned: list[str] = []
-        written = 0
         for key in sorted(keys):
             cached = self._cache.get(key)
             if cached is None:
                 continue
             changes = cached.state.take_changes()
-            for (tier, start), data in changes.upserts.items():
-                self._buckets[bucket_key(key, tier, start)] = data
-            written += len(changes.upserts)
+            buckets.extend(
+                (bucket_key(key, tier, start), data)
+                for (tier, start), data in changes.upserts.items()
+            )
             metas.append((key, changes.meta))
             pruned.extend(bucket_key(key, tier, start) for tier, start in changes.deletes)
         if not metas:
             return 0
-        await flush()
-        self._go_on(partition, [key for key, _ in metas], still_mine)
-        for key, meta in metas:
-            self._meta[key] = meta
+        written = [key for key, _ in metas]
+        self._write(self._buckets, partition, buckets)
+        await self._flush(flush, partition, written)
+        self._go_on(partition, written, still_mine)
+        self._write(self._meta, partition, metas)
         if pruned:
-            await flush()
+            await self._flush(flush, partition, written)
             # Past here only deletes remain: a bucket not deleted is just garbage.
             self._go_on(partition, [], still_mine)
-            self._delete(pruned)
-        return written + len(metas) + len(pruned)
+            self._write(self._buckets, partition, [], pruned)
+        return len(buckets) + len(metas) + len(pruned)
 
-    def _go_on(self, partition: int, keys: list[str], still_mine: Callable[[], bool]) -> None:
-        if still_mine():
-            return
+    async def _flush(
+        self, flush: Callable[[], Awaitable[None]], partition: int, keys: list[str]
+    ) -> None:
+        """``flush()``; when the broker refuses, the series are written whole next time."""
+        try:
+            await flush()
+        except OutputError as exc:
+            self._redo(partition, keys)
+            msg = f"checkpoint of partition {partition} not delivered: {exc}"
+            raise CheckpointInterrupted(msg) from exc
+
+    def _redo(self, partition: int, keys: list[str]) -> None:
         for key in keys:
             cached = self._cache.get(key)
             if cached is not None:
                 cached.state.rewrite_all()
                 self.mark_unsaved(key, partition)
+
+    def _go_on(self, partition: int, keys: list[str], still_mine: Callable[[], bool]) -> None:
+        if still_mine():
+            return
+        self._redo(partition, keys)
         raise CheckpointInterrupted(f"partition {partition} moved during its checkpoint")
 
     def warm(self, partition_of: Callable[[str], int]) -> int:
@@ -191,7 +243,8 @@ class SeriesStore:
         for raw in list(self._meta.keys()):
             key = raw.decode() if isinstance(raw, bytes) else str(raw)
             if key not in self._cache:
-                self.get(key, partition=partition_of(key)).dirty = True
+                self.get(key, partition=partition_of(key))
+                self._changed[key] = None
                 loaded += 1
         self.needs_warm = False
         return loaded

@@ -20,15 +20,20 @@ from pathlib import Path
 
 #: (category, function whose frame must be in the stack (a prefix of its name), function
 #: that must be called under it or None).
-_INGEST = "register_ingest.<locals>.ingest"
+_INGEST = "register_ingest.<locals>.process"
+_DISPATCH = "register_ingest.<locals>.dispatch"
+_FOLD = "SeriesFolder.fold"
 CATEGORIES: list[tuple[str, str, str | None]] = [
     ("ingest: decode + validate", _INGEST, "decode"),
-    ("ingest: columns, group, pack", _INGEST, "route"),
-    ("ingest: capacity/A-B/prompt fan-out", _INGEST, "build.<locals>.forward"),
+    ("ingest: forward (columns, group, pack)", _DISPATCH, "route"),
+    ("ingest: capacity/A-B/prompt fan-out", _DISPATCH, "build.<locals>.forward"),
+    ("ingest: columns, group in place", _DISPATCH, "group_series"),
+    ("ingest: other (series, placement)", _DISPATCH, None),
+    ("fold: checkpoints", "SeriesFolder.checkpoint", None),
+    ("fold: fold + minute closes", _FOLD, "fold_many"),
+    ("fold: other (series lookup, SLO resolution)", _FOLD, None),
     ("ingest: other (faust stream, sends)", _INGEST, None),
-    ("SLI: fold + minute closes", "register_sli.<locals>._process", "fold_many"),
-    ("SLI: checkpoints", "register_sli.<locals>.checkpoint", None),
-    ("SLI: other", "register_sli.<locals>._process", None),
+    ("SLI agent: decode forwarded", "register_sli.<locals>.sli", "decode_groups"),
     ("SLI: provisional snapshots", "register_sli.<locals>.provisional", None),
     ("capacity agent", "register_capacity.<locals>.capacity", None),
     ("interference agents", "register_interference.<locals>", None),

@@ -12,14 +12,27 @@ is timed, so buckets exist as in steady state), and writes
   columns grouped by series (what the ingest agent folds in place: the input
   is partitioned by series, as the project's producers send it);
 - ``fold``: ``fold_many`` into the windows;
-- ``checkpoint_bytes``: serialising every changed series (``take_changes``).
+- ``checkpoint_bytes``: serialising every changed series (``take_changes``);
+- ``checkpoint_write``: writing them as a checkpoint does
+  (:class:`~tailguard.agents.bulk.BulkWriter`: one RocksDB write batch per
+  partition and table, into real RocksDB, and their changelog records queued
+  in librdkafka — to an address nothing listens on: the cost of queueing, not
+  of the broker).
 """
 
 import gc
 import json
+import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
-from tailguard.agents.internal import group_series
+import numpy as np
+from rocksdict import Options, Rdict
+from tailguard.agents.bulk import BulkWriter
+from tailguard.agents.internal import group_series, series_index
+from tailguard.agents.outputs import Outputs
+from tailguard.agents.state import bucket_key
 from tailguard.schemas import Limits, decode
 from tailguard.streams import RingConfig, SeriesWindows
 from tailguard.streams.fold import fold_many
@@ -30,6 +43,33 @@ from bench.throughput import PARTITIONS, make_placed_messages
 BATCH = 500  # input messages per ingest batch (the worker's default)
 
 
+class _Store:
+    """The part of faust's RocksDB store :class:`BulkWriter` uses, over real RocksDB."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._dbs: dict[int, Rdict] = {}
+
+    def _db_for_partition(self, partition: int) -> Rdict:
+        if partition not in self._dbs:
+            self._dbs[partition] = Rdict(str(self.root / str(partition)), Options(raw_mode=True))
+        return self._dbs[partition]
+
+
+class _Topic:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def get_topic_name(self) -> str:
+        return self.name
+
+
+class _Table:
+    def __init__(self, root: Path, name: str) -> None:
+        self.data = _Store(root / name)
+        self.changelog_topic = _Topic(f"hotpath-{name}-changelog")
+
+
 def main() -> None:
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
@@ -37,8 +77,12 @@ def main() -> None:
     now = int(time.time() * 1000)
     limits = Limits()
     states: dict[tuple[str, str, str, str], SeriesWindows] = {}
+    home: dict[tuple[str, str, str, str], int] = {}
     timings: dict[str, float] = {}
     events = 0
+    root = Path(tempfile.mkdtemp(prefix="tg-hotpath-"))
+    writer = BulkWriter(Outputs("127.0.0.1:9"))
+    tables: dict[str, Any] = {name: _Table(root, name) for name in ("series", "buckets")}
     for round_ in range(2):
         batch = msgs[round_ * BATCH : (round_ + 1) * BATCH]
         t0 = time.perf_counter()
@@ -48,27 +92,46 @@ def main() -> None:
             valid.extend(decoded.valid)
             positions.extend([(part, round_ * BATCH + j)] * len(decoded.valid))
         t1 = time.perf_counter()
-        by_partition: dict[int, list[int]] = {}
-        for i, (part, _) in enumerate(positions):
-            by_partition.setdefault(part, []).append(i)
-        grouped = [
-            group_series([valid[i] for i in rows], [positions[i] for i in rows])
-            for rows in by_partition.values()
-        ]
+        # As the ingest agent does: every event's series once, then per partition.
+        gid, names = series_index(valid)
+        part = np.fromiter((p for p, _ in positions), dtype=np.int64, count=len(valid))
+        by_partition: dict[int, Any] = {}
+        for p in np.unique(part).tolist():
+            rows = np.flatnonzero(part == p)
+            ids, inverse = np.unique(gid[rows], return_inverse=True)
+            picked = rows.tolist()
+            by_partition[p] = group_series(
+                [valid[i] for i in picked],
+                [positions[i] for i in picked],
+                (inverse.reshape(-1), [names[i] for i in ids.tolist()]),
+            )
+        grouped = list(by_partition.values())
         t2 = time.perf_counter()
-        for groups in grouped:
+        for (part, _), groups in zip(by_partition.items(), grouped, strict=True):
             series = [states.setdefault(s, SeriesWindows(RingConfig())) for s in groups.series]
+            home.update((s, part) for s in groups.series)
             fold_many(series, groups.cols, groups.bounds)
         t3 = time.perf_counter()
-        for state in states.values():
-            state.take_changes()
+        changed = {s: state.take_changes() for s, state in states.items()}
         t4 = time.perf_counter()
+        for part in sorted(by_partition):
+            buckets, metas = [], []
+            for s, changes in changed.items():
+                if home[s] != part:
+                    continue
+                key = "|".join(s)
+                buckets += [(bucket_key(key, t, b), d) for (t, b), d in changes.upserts.items()]
+                metas.append((key, changes.meta))
+            writer.write(tables["buckets"], part, buckets)
+            writer.write(tables["series"], part, metas)
+        t5 = time.perf_counter()
         events = len(valid)
         timings = {
             "decode": t1 - t0,
             "group": t2 - t1,
             "fold": t3 - t2,
             "checkpoint_bytes": t4 - t3,
+            "checkpoint_write": t5 - t4,
         }
     stages = {
         name: {"events_per_s": round(events / s), "us_per_event": round(s / events * 1e6, 2)}

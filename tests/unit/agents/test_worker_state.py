@@ -242,3 +242,42 @@ def test_faust_back_pressure_lines_become_one_summary_a_minute(caplog) -> None:
     # Kept at faust's level: an operator running at WARNING still sees back-pressure.
     assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.WARNING, logging.INFO]
     assert lines[2] == "an unrelated line"
+
+
+def test_provisional_snapshots_visit_only_changed_series_oldest_change_first() -> None:
+    store = SeriesStore({}, {}, RingConfig())
+    for name in ("a", "b", "c"):
+        store.get(name, partition=0)
+    store.mark_unsaved("b", 0)
+    store.mark_unsaved("a", 0)
+    store.mark_unsaved("b", 0)  # changed again before it was shown: keeps its place
+    shown = []
+    while (found := store.next_changed()) is not None:
+        shown.append(found[0])
+    assert shown == ["b", "a"], "c never changed"
+    store.forget_partitions({0})
+    store.mark_unsaved("a", 0)
+    assert store.next_changed() is None, "a series no longer held here is skipped"
+
+
+def test_a_checkpoint_the_broker_refused_is_written_whole_next_time() -> None:
+    from tailguard.agents.outputs import OutputError
+
+    journal: list[tuple[str, str]] = []
+    store = SeriesStore(_Journal("meta", journal), _Journal("buckets", journal), RingConfig())
+    store.get("s", partition=0).state.add([_Ev(i) for i in range(4)], [(0, i) for i in range(4)])
+    store.mark_unsaved("s", 0)
+
+    async def refused() -> None:
+        raise OutputError("1 output records undelivered")
+
+    with pytest.raises(CheckpointInterrupted, match="not delivered"):
+        asyncio.run(store.checkpoint(0, refused))
+    assert [what for what, _ in journal] == ["buckets write"] * 2
+    journal.clear()
+
+    async def fine() -> None:
+        journal.append(("flush", ""))
+
+    asyncio.run(store.checkpoint(0, fine))
+    assert [what for what, _ in journal] == ["buckets write"] * 2 + ["flush", "meta write"]

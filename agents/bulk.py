@@ -1,0 +1,98 @@
+"""Many keys of one faust table written at once: one RocksDB write batch, changelog in bulk.
+
+faust's ``Table.__setitem__`` costs ≥ 12 µs a key before aiokafka does
+anything (the store, the changelog future, the per-key bookkeeping); a
+checkpoint of 10,000 busy series writes ~30,000 keys. :class:`BulkWriter`
+does per partition what faust's recovery does in reverse
+(``faust.stores.rocksdb.Store.apply_changelog_batch``):
+
+1. every put and delete goes into one ``rocksdict.WriteBatch`` applied to the
+   partition's database;
+2. every key becomes a changelog record of the table's changelog topic, on the
+   same partition, in the format faust restores from (raw key and value bytes;
+   a delete is a tombstone), queued in librdkafka (``Outputs``, about a
+   microsecond a record);
+3. once the caller's flush has them delivered, :meth:`BulkWriter.delivered`
+   records the newest offset per partition as the store's *persisted offset*,
+   as faust does for its own writes, so a restart reads only newer records.
+
+The caller flushes (:meth:`~tailguard.agents.outputs.Outputs.flush`) before it
+acknowledges the input the records hold: the changelog is delivered before
+the offsets commit, as the recovery design needs. Tables on another store
+(``memory://`` in some tests) are written key by key through faust.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+from faust.types import TP
+from tailguard.agents.outputs import Outputs
+
+__all__ = ["BulkWriter", "write_by_key"]
+
+
+def write_by_key(table: Any, puts: Sequence[tuple[str, bytes]], deletes: Sequence[str]) -> int:
+    """The same writes through the mapping interface (faust's per-key path, or a dict)."""
+    for key, value in puts:
+        table[key] = value
+    for key in deletes:
+        if key in table:
+            del table[key]
+    return len(puts) + len(deletes)
+
+
+def _bulk_capable(table: Any) -> bool:
+    return hasattr(getattr(table, "data", None), "_db_for_partition")
+
+
+class BulkWriter:
+    """Writes a batch of keys of a faust table on one partition (see the module)."""
+
+    def __init__(self, outputs: Outputs) -> None:
+        self._outputs = outputs
+        #: (table, changelog partition) → newest offset queued and not yet recorded.
+        self._pending: dict[tuple[Any, int], list[int]] = {}
+
+    def write(
+        self,
+        table: Any,
+        partition: int,
+        puts: Sequence[tuple[str, bytes]],
+        deletes: Sequence[str] = (),
+    ) -> int:
+        """Apply ``puts`` and ``deletes`` to ``table``'s ``partition``; returns the keys written.
+
+        Table keys are strings (UTF-8 on disk and on the changelog, as faust's raw
+        codec writes them)."""
+        if not puts and not deletes:
+            return 0
+        if not _bulk_capable(table):
+            return write_by_key(table, puts, deletes)
+        from rocksdict import WriteBatch
+
+        batch = WriteBatch(raw_mode=True)
+        records: list[tuple[bytes, bytes | None]] = []
+        for key, value in puts:
+            raw = key.encode()
+            batch.put(raw, value)
+            records.append((raw, value))
+        for key in deletes:
+            raw = key.encode()
+            batch.delete(raw)
+            records.append((raw, None))
+        table.data._db_for_partition(partition).write(batch)
+        topic = table.changelog_topic.get_topic_name()
+        newest = self._pending.setdefault((table, partition), [-1])
+        self._outputs.send_records(topic, partition, records, newest)
+        return len(records)
+
+    def delivered(self) -> None:
+        """After a successful flush: remember the newest changelog offset of each
+        partition written as the store's persisted offset."""
+        for (table, partition), newest in self._pending.items():
+            # A partition revoked meanwhile has its database closed: its next
+            # owner restores from the changelog, whatever is recorded here.
+            if newest[0] >= 0 and partition in getattr(table.data, "_dbs", {}):
+                topic = table.changelog_topic.get_topic_name()
+                table.data.set_persisted_offset(TP(topic, partition), newest[0])
+        self._pending.clear()

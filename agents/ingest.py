@@ -34,8 +34,10 @@ input it has not folded.
 """
 
 import asyncio
+import gc
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import faust
@@ -56,9 +58,27 @@ from tailguard.agents.stats import WorkerStats
 from tailguard.agents.topics import Topics
 from tailguard.schemas import InferenceEvent, Limits, decode
 
-__all__ = ["HomePartitions", "register_ingest"]
+__all__ = ["HomePartitions", "gc_paused", "register_ingest"]
 
 Forward = Callable[[list[InferenceEvent], list[tuple[int, int]]], Awaitable[None]]
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused while a batch is decoded.
+
+    A batch of 100,000 events holds ~500,000 fresh containers (each event and
+    its lists); the collections they trigger walk them for nothing (no cycles:
+    reference counting frees them with the batch). Measured on one core,
+    100,000 events of 10,000 series (``bench.hotpath``): ~1 µs an event less.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class HomePartitions:
@@ -107,6 +127,36 @@ def register_ingest(
         valid: list[InferenceEvent] = []
         positions: list[tuple[int, int]] = []
         taken: set[tuple[int, int]] = set()
+        with gc_paused():
+            await decode_all(events, now, valid, positions, taken)
+        stats.events_valid += len(valid)
+        # Forwarding and the fan-out need no state: they run before the folder's
+        # lock is taken, so the SLI agent folds meanwhile.
+        here = await dispatch(valid, positions, placed) if valid else {}
+        async with folder.busy:
+            for event in events:
+                partition = event.message.partition
+                if partition in placed and partition in in_place:
+                    folder.hold(partition, stream, event)
+            for partition, groups in here.items():
+                if partition in in_place:  # else moved meanwhile: its new owner replays it
+                    await folder.fold(
+                        partition, groups.series, groups.cols, groups.bounds, groups.gpus
+                    )
+        # Input of which nothing is folded here: acknowledged once forwarded (faust
+        # flushes its producer before it commits).
+        for event in events:
+            if event.message.partition not in placed:
+                await stream.ack(event)
+
+    async def decode_all(
+        events: list[Any],
+        now: int,
+        valid: list[InferenceEvent],
+        positions: list[tuple[int, int]],
+        taken: set[tuple[int, int]],
+    ) -> None:
+        """Decode and validate ``events`` into ``valid`` and ``positions``; dead-letter the rest."""
         for event in events:
             msg = event.message
             if (msg.partition, msg.offset) in taken:
@@ -132,25 +182,6 @@ def register_ingest(
             if decoded.valid:
                 valid.extend(decoded.valid)
                 positions.extend([(msg.partition, msg.offset)] * len(decoded.valid))
-        stats.events_valid += len(valid)
-        # Forwarding and the fan-out need no state: they run before the folder's
-        # lock is taken, so the SLI agent folds meanwhile.
-        here = await dispatch(valid, positions, placed) if valid else {}
-        async with folder.busy:
-            for event in events:
-                partition = event.message.partition
-                if partition in placed and partition in in_place:
-                    folder.hold(partition, stream, event)
-            for partition, groups in here.items():
-                if partition in in_place:  # else moved meanwhile: its new owner replays it
-                    await folder.fold(
-                        partition, groups.series, groups.cols, groups.bounds, groups.gpus
-                    )
-        # Input of which nothing is folded here: acknowledged once forwarded (faust
-        # flushes its producer before it commits).
-        for event in events:
-            if event.message.partition not in placed:
-                await stream.ack(event)
 
     async def dispatch(
         valid: list[InferenceEvent], positions: list[tuple[int, int]], placed: set[int]

@@ -1,14 +1,17 @@
-"""The internal wire format of ``tailguard.internal.series``.
+"""Requests grouped by series: for a fold here, or on the wire of ``tailguard.internal.series``.
 
-The ingest agent validates input once and forwards, per internal partition,
-one message holding the requests of many series as columns (raw numpy
-arrays, see :class:`~tailguard.streams.columns.Columns`), grouped by series,
-each group in input order, with the input position of every request so the
-SLI agent can apply every input message exactly once. Decoding is a handful
-of ``np.frombuffer`` calls whatever the number of requests.
+The ingest agent validates input once, groups the requests by series as
+columns (raw numpy arrays, see :class:`~tailguard.streams.columns.Columns`),
+each group in input order, with the input position of every request so a
+fold applies every input message exactly once. Series at home on their input
+partition are folded where they arrive (:func:`group_series`); the others are
+forwarded, one message per internal partition holding many series
+(:func:`route`), whose decoding is a handful of ``np.frombuffer`` calls
+whatever the number of requests.
 """
 
 from collections.abc import Sequence
+from itertools import chain
 
 import msgspec
 import numpy as np
@@ -118,19 +121,38 @@ def series_index(events: Sequence[InferenceEvent]) -> tuple[np.ndarray, list[Ser
 
 
 def _served(events: Sequence[InferenceEvent], gid: np.ndarray) -> dict[tuple[int, str, int], int]:
-    """The newest event time per ``(series index, host, gpu)`` that served them."""
-    served: dict[tuple[int, str, tuple[int, ...]], int] = {}
-    for g, ev in zip(gid.tolist(), events, strict=True):
-        if ev.host and ev.gpu_ids:
-            placement = (g, ev.host, tuple(ev.gpu_ids))
-            if ev.ts_ms > served.get(placement, -1):
-                served[placement] = ev.ts_ms
-    gpus: dict[tuple[int, str, int], int] = {}
-    for (g, host, ids), ts in served.items():
-        for gpu in ids:
-            if ts > gpus.get((g, host, gpu), -1):
-                gpus[(g, host, gpu)] = ts
-    return gpus
+    """The newest event time per ``(series index, host, gpu)`` that served them.
+
+    One sort over every (event, gpu) pair instead of a dict lookup per event."""
+    n = len(events)
+    hosts: dict[str, int] = {}
+    host = np.fromiter(
+        (hosts.setdefault(ev.host, len(hosts)) if ev.host else -1 for ev in events),
+        dtype=np.int64,
+        count=n,
+    )
+    ids = [ev.gpu_ids or () for ev in events]
+    per = np.fromiter(map(len, ids), dtype=np.int64, count=n)
+    gpu = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(per.sum()))
+    rows = np.repeat(np.arange(n), per)
+    keep = host[rows] >= 0
+    rows, gpu = rows[keep], gpu[keep]
+    if rows.size == 0:
+        return {}
+    ts = np.fromiter((ev.ts_ms for ev in events), dtype=np.int64, count=n)[rows]
+    g, h = gid[rows], host[rows]
+    order = np.lexsort((ts, gpu, h, g))  # by placement, newest last
+    g, h, gpu, ts = g[order], h[order], gpu[order], ts[order]
+    last = np.flatnonzero(
+        np.r_[(g[1:] != g[:-1]) | (h[1:] != h[:-1]) | (gpu[1:] != gpu[:-1]), True]
+    )
+    names = list(hosts)
+    return {
+        (gi, names[hi], gpu_i): t
+        for gi, hi, gpu_i, t in zip(
+            g[last].tolist(), h[last].tolist(), gpu[last].tolist(), ts[last].tolist(), strict=True
+        )
+    }
 
 
 def group_series(

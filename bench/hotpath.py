@@ -3,11 +3,14 @@
     python -m bench.hotpath               (make bench runs it too)
 
 Feeds the benchmark's own messages (10,000 series, 200 events a message)
-through each stage in-process, two batches of 100,000 events (the second
-is timed, so buckets exist as in steady state), and writes
+through each stage in-process, ``ROUNDS`` batches of 100,000 events (the
+first warms up, so buckets exist as in steady state; each stage's figure is
+its fastest of the others: this shared machine drifts by ±20 % from one
+second to the next), and writes
 ``bench/results/hotpath.json`` with events/s and µs per event per stage:
 
-- ``decode``: JSON → validated ``InferenceEvent`` (msgspec + bad-input checks);
+- ``decode``: JSON → validated ``InferenceEvent`` (msgspec + bad-input checks,
+  the garbage collector paused as in the ingest agent);
 - ``group``: each event's series and home partition, then per partition the
   columns grouped by series (what the ingest agent folds in place: the input
   is partitioned by series, as the project's producers send it);
@@ -30,6 +33,7 @@ from typing import Any
 import numpy as np
 from rocksdict import Options, Rdict
 from tailguard.agents.bulk import BulkWriter
+from tailguard.agents.ingest import gc_paused
 from tailguard.agents.internal import group_series, series_index
 from tailguard.agents.outputs import Outputs
 from tailguard.agents.state import bucket_key
@@ -41,6 +45,7 @@ from bench.common import machine, write_result
 from bench.throughput import PARTITIONS, make_placed_messages
 
 BATCH = 500  # input messages per ingest batch (the worker's default)
+ROUNDS = 5
 
 
 class _Store:
@@ -73,7 +78,7 @@ class _Table:
 def main() -> None:
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
-    msgs = make_placed_messages(2 * BATCH * 200, 10_000)[: 2 * BATCH]
+    msgs = make_placed_messages(ROUNDS * BATCH * 200, 10_000)[: ROUNDS * BATCH]
     now = int(time.time() * 1000)
     limits = Limits()
     states: dict[tuple[str, str, str, str], SeriesWindows] = {}
@@ -83,14 +88,16 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="tg-hotpath-"))
     writer = BulkWriter(Outputs("127.0.0.1:9"))
     tables: dict[str, Any] = {name: _Table(root, name) for name in ("series", "buckets")}
-    for round_ in range(2):
+    best: dict[str, float] = {}
+    for round_ in range(ROUNDS):
         batch = msgs[round_ * BATCH : (round_ + 1) * BATCH]
         t0 = time.perf_counter()
         valid, positions = [], []
-        for j, (part, raw) in enumerate(batch):
-            decoded = decode(raw, "inference", now_ms=now, limits=limits)
-            valid.extend(decoded.valid)
-            positions.extend([(part, round_ * BATCH + j)] * len(decoded.valid))
+        with gc_paused():  # as the ingest agent decodes
+            for j, (part, raw) in enumerate(batch):
+                decoded = decode(raw, "inference", now_ms=now, limits=limits)
+                valid.extend(decoded.valid)
+                positions.extend([(part, round_ * BATCH + j)] * len(decoded.valid))
         t1 = time.perf_counter()
         # As the ingest agent does: every event's series once, then per partition.
         gid, names = series_index(valid)
@@ -133,17 +140,21 @@ def main() -> None:
             "checkpoint_bytes": t4 - t3,
             "checkpoint_write": t5 - t4,
         }
+        if round_ > 0:
+            for name, seconds in timings.items():
+                best[name] = min(best.get(name, float("inf")), seconds / events)
     stages = {
-        name: {"events_per_s": round(events / s), "us_per_event": round(s / events * 1e6, 2)}
-        for name, s in timings.items()
+        name: {"events_per_s": round(1 / s), "us_per_event": round(s * 1e6, 2)}
+        for name, s in best.items()
     }
-    total = sum(timings.values())
+    total = sum(best.values())
     result = {
         "events": events,
+        "rounds_timed": ROUNDS - 1,
         "series": 10_000,
         "partitions": PARTITIONS,
         "stages": stages,
-        "all_stages_events_per_s": round(events / total),
+        "all_stages_events_per_s": round(1 / total),
         "machine": machine("in-process, no Kafka"),
         "command": "python -m bench.hotpath",
     }

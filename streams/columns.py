@@ -14,6 +14,7 @@ into ``prompt_names``).
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import msgspec
 import numpy as np
@@ -219,7 +220,10 @@ class Columns:
         """Columns of event objects (``InferenceEvent`` or anything alike)."""
         n = len(events)
         itl_lists = [ev.itl_ms or () for ev in events]
-        flat = [g for gaps in itl_lists for g in gaps]
+        itl_len = np.fromiter(map(len, itl_lists), dtype=np.int64, count=n)
+        itl = np.fromiter(
+            chain.from_iterable(itl_lists), dtype=np.float64, count=int(itl_len.sum())
+        )
         if positions is None:
             part = np.full(n, -1, dtype=np.int64)
             offset = np.full(n, -1, dtype=np.int64)
@@ -246,8 +250,8 @@ class Columns:
                 count=n,
             ),
             warmup=np.fromiter((bool(ev.warmup) for ev in events), dtype=np.bool_, count=n),
-            itl=np.asarray(flat, dtype=np.float64),
-            itl_len=np.fromiter((len(g) for g in itl_lists), dtype=np.int64, count=n),
+            itl=itl,
+            itl_len=itl_len,
             ids=event_hashes([ev.event_id for ev in events]),
             traces=[ev.trace_id or "" for ev in events],
             part=part,

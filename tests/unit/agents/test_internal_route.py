@@ -100,3 +100,35 @@ def test_a_corrupt_internal_record_is_refused() -> None:
     with pytest.raises(ValueError):
         decode_groups(value[:-5])
     assert np.all(decode_groups(value).bounds == [0, 1])
+
+
+placements = st.lists(
+    st.tuples(
+        st.integers(0, 3),  # series index
+        st.sampled_from(["", "h1", "h2", "h3"]),  # host ("": none)
+        st.lists(st.integers(0, 9), max_size=3),  # gpu_ids
+        st.integers(0, 50),  # ts offset
+    ),
+    max_size=60,
+)
+
+
+@given(placements)
+@settings(max_examples=200, deadline=None)
+def test_the_newest_event_per_series_host_and_gpu_is_found(
+    rows: list[tuple[int, str, list[int], int]],
+) -> None:
+    from types import SimpleNamespace
+
+    from tailguard.agents.internal import _served
+
+    events = [
+        SimpleNamespace(host=host or None, gpu_ids=ids, ts_ms=1_000 + ts)
+        for _, host, ids, ts in rows
+    ]
+    expected: dict[tuple[int, str, int], int] = {}
+    for g, host, ids, ts in rows:
+        for gpu in ids if host else []:
+            expected[(g, host, gpu)] = max(expected.get((g, host, gpu), 0), 1_000 + ts)
+    gid = np.array([g for g, *_ in rows], dtype=np.int64)
+    assert _served(events, gid) == expected  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import faust
@@ -316,10 +316,26 @@ class Transport(faust_aiokafka.Transport):
 
 
 class App(faust.App):
-    """faust.App on :class:`Transport` (``kafka://`` brokers only)."""
+    """faust.App on :class:`Transport` (``kafka://`` brokers only), with
+    :attr:`stopping_hooks` run at a clean stop while the consumer still runs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Awaited in order when the app stops, before its consumer does: what an
+        #: agent still holds can be stored and acknowledged, so a clean stop does
+        #: not make the next start consume it again.
+        self.stopping_hooks: list[Callable[[], Awaitable[None]]] = []
 
     def _new_transport(self) -> Any:
         return Transport(self.conf.broker_consumer, self)
+
+    async def on_stop(self) -> None:
+        for hook in self.stopping_hooks:
+            try:
+                await hook()
+            except Exception as exc:  # a failed hook must not block the stop
+                self.log.warning("tailguard: at stop, %s failed: %s", hook.__qualname__, exc)
+        await super().on_stop()
 
 
 def make_app(settings: Settings) -> faust.App:

@@ -388,6 +388,13 @@ class SeriesFolder:
                 if self.pending.get(partition):
                     await self.checkpoint(partition)
 
+    async def checkpoint_all(self) -> None:
+        """Checkpoint every owned partition that holds input, due or not (a clean stop)."""
+        for partition in list(self.pending):
+            async with self.busy:
+                if self.pending.get(partition) and partition in self.owned:
+                    await self.checkpoint(partition)
+
     # -- rebalances -----------------------------------------------------------
     def revoked(self, partitions: set[int]) -> None:
         self.owned.difference_update(partitions)

@@ -120,6 +120,7 @@ def register_ingest(
     #: Input partitions whose events may be folded here (see ``on_assigned``).
     in_place: set[int] = set()
     draining = asyncio.Lock()
+    stopping: list[bool] = []  # non-empty once the worker stops
 
     async def process(stream: Any, events: list[Any]) -> None:
         now = int(time.time() * 1000)
@@ -226,6 +227,8 @@ def register_ingest(
 
     async def drain(stream: Any) -> None:
         async with draining:  # batches are processed one at a time, in order
+            if stopping:
+                return  # left unacknowledged: the next start consumes it (once)
             batch = buffer[:]
             buffer.clear()
             if batch:
@@ -246,6 +249,19 @@ def register_ingest(
     async def flush_partial_batch() -> None:
         if buffer and streams and time.monotonic() - started[0] >= settings.ingest_within_s:
             await drain(streams[0])
+
+    async def settle() -> None:
+        """At a clean stop: finish the batch in hand, take no other, then store and
+        acknowledge everything held. Otherwise the next start would consume it again
+        and feed the A/B, prompt and capacity agents the same requests twice."""
+        stopping.append(True)
+        async with draining:
+            pass
+        await folder.checkpoint_all()
+
+    hooks = getattr(app, "stopping_hooks", None)
+    if hooks is not None:
+        hooks.append(settle)
 
     @app.on_partitions_assigned.connect
     async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:

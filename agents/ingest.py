@@ -47,7 +47,7 @@ from tailguard.agents.deadletters import send_rejects
 from tailguard.agents.folder import SeriesFolder
 from tailguard.agents.internal import (
     SeriesGroups,
-    group_series,
+    group_by_partition,
     partition_for,
     route,
     series_index,
@@ -59,6 +59,9 @@ from tailguard.agents.topics import Topics
 from tailguard.schemas import InferenceEvent, Limits, decode
 
 __all__ = ["HomePartitions", "gc_paused", "register_ingest"]
+
+#: The longest a clean stop waits to store and acknowledge what is held.
+_STOP_CHECKPOINT_S = 15
 
 Forward = Callable[[list[InferenceEvent], list[tuple[int, int]]], Awaitable[None]]
 
@@ -212,18 +215,7 @@ def register_ingest(
                 )
         if forward_experiments is not None:
             await forward_experiments(valid, positions)
-        here: dict[int, SeriesGroups] = {}
-        rows = np.flatnonzero(local)
-        for partition in np.unique(part[rows]).tolist():
-            mine = rows[part[rows] == partition]
-            ids, inverse = np.unique(gid[mine], return_inverse=True)
-            picked = mine.tolist()
-            here[partition] = group_series(
-                [valid[i] for i in picked],
-                [positions[i] for i in picked],
-                (inverse.reshape(-1), [series[i] for i in ids.tolist()]),
-            )
-        return here
+        return group_by_partition(valid, positions, (gid, series), np.flatnonzero(local))
 
     async def drain(stream: Any) -> None:
         async with draining:  # batches are processed one at a time, in order
@@ -257,7 +249,14 @@ def register_ingest(
         stopping.append(True)
         async with draining:
             pass
-        await folder.checkpoint_all()
+        try:
+            await asyncio.wait_for(folder.checkpoint_all(), timeout=_STOP_CHECKPOINT_S)
+        except TimeoutError:
+            # The broker is away: what is held is consumed again at the next start,
+            # as after a crash (a checkpoint cut short restores consistently).
+            app.log.warning(
+                "tailguard: held input not stored at stop within %d s", _STOP_CHECKPOINT_S
+            )
 
     hooks = getattr(app, "stopping_hooks", None)
     if hooks is not None:

@@ -27,6 +27,7 @@ __all__ = [
     "SeriesGroups",
     "decode_groups",
     "encode_groups",
+    "group_by_partition",
     "group_series",
     "partition_for",
     "route",
@@ -175,6 +176,30 @@ def group_series(
         cols=cols.take(order),
         gpus=[(g, host, gpu, ts) for (g, host, gpu), ts in gpus.items()],
     )
+
+
+def group_by_partition(
+    events: Sequence[InferenceEvent],
+    positions: list[tuple[int, int]],
+    index: tuple[np.ndarray, list[Series]],
+    rows: np.ndarray,
+) -> dict[int, SeriesGroups]:
+    """The events at ``rows``, per input partition, grouped by series (:func:`group_series`).
+
+    ``index``: every event's series index and the series (:func:`series_index`)."""
+    gid, series = index
+    part = np.fromiter((positions[i][0] for i in rows.tolist()), dtype=np.int64, count=rows.size)
+    out: dict[int, SeriesGroups] = {}
+    for partition in np.unique(part).tolist():
+        mine = rows[part == partition]
+        ids, inverse = np.unique(gid[mine], return_inverse=True)
+        picked = mine.tolist()
+        out[partition] = group_series(
+            [events[i] for i in picked],
+            [positions[i] for i in picked],
+            (inverse.reshape(-1), [series[i] for i in ids.tolist()]),
+        )
+    return out
 
 
 #: Budget of one forwarded message: well under the producer's request limit.

@@ -34,7 +34,7 @@ import numpy as np
 from rocksdict import Options, Rdict
 from tailguard.agents.bulk import BulkWriter
 from tailguard.agents.ingest import gc_paused
-from tailguard.agents.internal import group_series, series_index
+from tailguard.agents.internal import group_by_partition, series_index
 from tailguard.agents.outputs import Outputs
 from tailguard.agents.state import bucket_key
 from tailguard.schemas import Limits, decode
@@ -100,18 +100,8 @@ def main() -> None:
                 positions.extend([(part, round_ * BATCH + j)] * len(decoded.valid))
         t1 = time.perf_counter()
         # As the ingest agent does: every event's series once, then per partition.
-        gid, names = series_index(valid)
-        part = np.fromiter((p for p, _ in positions), dtype=np.int64, count=len(valid))
-        by_partition: dict[int, Any] = {}
-        for p in np.unique(part).tolist():
-            rows = np.flatnonzero(part == p)
-            ids, inverse = np.unique(gid[rows], return_inverse=True)
-            picked = rows.tolist()
-            by_partition[p] = group_series(
-                [valid[i] for i in picked],
-                [positions[i] for i in picked],
-                (inverse.reshape(-1), [names[i] for i in ids.tolist()]),
-            )
+        index = series_index(valid)
+        by_partition = group_by_partition(valid, positions, index, np.arange(len(valid)))
         grouped = list(by_partition.values())
         t2 = time.perf_counter()
         for (part, _), groups in zip(by_partition.items(), grouped, strict=True):

@@ -281,3 +281,28 @@ def test_a_checkpoint_the_broker_refused_is_written_whole_next_time() -> None:
 
     asyncio.run(store.checkpoint(0, fine))
     assert [what for what, _ in journal] == ["buckets write"] * 2 + ["flush", "meta write"]
+
+
+def test_stopping_hooks_run_before_the_consumer_stops_and_a_failing_one_does_not_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import faust
+    from tailguard.agents.app import make_app
+
+    app = make_app(Settings(web_enabled=False))
+    order: list[str] = []
+
+    async def consumer_stops(self: object) -> None:
+        order.append("faust stops the consumer")
+
+    async def broken() -> None:
+        order.append("broken hook")
+        raise RuntimeError("broker away")
+
+    async def store_held() -> None:
+        order.append("store what is held")
+
+    monkeypatch.setattr(faust.App, "on_stop", consumer_stops)
+    app.stopping_hooks += [broken, store_held]  # type: ignore[attr-defined]
+    asyncio.run(app.on_stop())
+    assert order == ["broken hook", "store what is held", "faust stops the consumer"]

@@ -30,7 +30,9 @@ Batching: the agent buffers events and processes the buffer at
 and let a fold touch each series once per batch. Decoding, forwarding and the
 fan-out run outside the folder's lock (the SLI agent folds meanwhile); holding
 the input and folding it run under it, so a checkpoint never acknowledges
-input it has not folded.
+input it has not folded. At a clean stop (``App.stopping_hooks``) it finishes
+the batch in hand and checkpoints what it holds, so the next start does not
+feed the fan-out the same requests again.
 """
 
 import asyncio

@@ -54,6 +54,7 @@ from tailguard.agents.internal import (
     route,
     series_index,
     series_key,
+    subset,
 )
 from tailguard.agents.settings import Settings
 from tailguard.agents.stats import WorkerStats
@@ -208,9 +209,13 @@ def register_ingest(
         stats.events_local += n_local
         stats.events_forwarded += len(valid) - n_local
         if n_local < len(valid):
-            away = np.flatnonzero(~local).tolist()
+            away = np.flatnonzero(~local)
+            picked = away.tolist()
             for partition, value in route(
-                [valid[i] for i in away], [positions[i] for i in away], settings.partitions
+                [valid[i] for i in picked],
+                [positions[i] for i in picked],
+                settings.partitions,
+                index=subset((gid, series), away),
             ):
                 await topics.series.send(
                     key=str(partition).encode(), value=value, partition=partition

@@ -33,6 +33,7 @@ __all__ = [
     "route",
     "series_index",
     "series_key",
+    "subset",
 ]
 
 
@@ -96,15 +97,6 @@ def decode_groups(data: bytes) -> SeriesGroups:
         msg = "group bounds disagree with the columns"
         raise ValueError(msg)
     return SeriesGroups(series=batch.series, bounds=bounds, cols=cols, gpus=batch.gpus)
-
-
-def _index(
-    events: Sequence[InferenceEvent],
-) -> tuple[np.ndarray, list[tuple[str, str, str, str]], dict[tuple[int, str, int], int]]:
-    """Each event's series index (first seen first), the series, and the newest
-    event time per ``(series index, host, gpu)`` that served them."""
-    gid, series = series_index(events)
-    return gid, series, _served(events, gid)
 
 
 def series_index(events: Sequence[InferenceEvent]) -> tuple[np.ndarray, list[Series]]:
@@ -187,19 +179,24 @@ def group_by_partition(
     """The events at ``rows``, per input partition, grouped by series (:func:`group_series`).
 
     ``index``: every event's series index and the series (:func:`series_index`)."""
-    gid, series = index
     part = np.fromiter((positions[i][0] for i in rows.tolist()), dtype=np.int64, count=rows.size)
     out: dict[int, SeriesGroups] = {}
     for partition in np.unique(part).tolist():
         mine = rows[part == partition]
-        ids, inverse = np.unique(gid[mine], return_inverse=True)
         picked = mine.tolist()
         out[partition] = group_series(
-            [events[i] for i in picked],
-            [positions[i] for i in picked],
-            (inverse.reshape(-1), [series[i] for i in ids.tolist()]),
+            [events[i] for i in picked], [positions[i] for i in picked], subset(index, mine)
         )
     return out
+
+
+def subset(
+    index: tuple[np.ndarray, list[Series]], rows: np.ndarray
+) -> tuple[np.ndarray, list[Series]]:
+    """The series index (:func:`series_index`) of the events at ``rows`` alone."""
+    gid, series = index
+    ids, inverse = np.unique(gid[rows], return_inverse=True)
+    return inverse.reshape(-1), [series[i] for i in ids.tolist()]
 
 
 #: Budget of one forwarded message: well under the producer's request limit.
@@ -217,8 +214,12 @@ def route(
     positions: list[tuple[int, int]],
     partitions: int,
     max_bytes: int = MAX_MESSAGE_BYTES,
+    index: tuple[np.ndarray, list[Series]] | None = None,
 ) -> list[tuple[int, bytes]]:
     """Group validated events by series and pack them per internal partition.
+
+    ``index``: each event's series index and the series (:func:`series_index`),
+    when the caller has it.
 
     Returns ``(partition, message)`` pairs. A message holds whole series
     groups up to ``max_bytes``; a series group larger than that is cut, but
@@ -227,7 +228,8 @@ def route(
     """
     if not events:
         return []
-    gid, series, gpus = _index(events)
+    gid, series = index if index is not None else series_index(events)
+    gpus = _served(events, gid)
     group_part = np.array(
         [partition_for(series_key(*s), partitions) for s in series], dtype=np.int64
     )

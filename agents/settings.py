@@ -12,8 +12,8 @@ from tailguard.catalogue import default_partitions, default_prefix
 __all__ = ["Settings"]
 
 _MIB = 1024 * 1024
-#: Integer settings read from the environment as they are (memory sizing, README
-#: "Performance and reliability").
+#: Integer settings read from the environment as they are (memory sizing,
+#: docs/performance.md).
 _INT_ENV = {
     "ingest_batch": "TAILGUARD_INGEST_BATCH",
     "rocksdb_cache_mib": "TAILGUARD_ROCKSDB_CACHE_MIB",

@@ -52,7 +52,7 @@ def limit_malloc_arenas(arenas: int = 2) -> bool:
     glibc gives threads that allocate at the same time their own arenas (up to
     8 per core); librdkafka, RocksDB and faust's threads then keep freed memory
     in arenas the Python thread never reuses. Two arenas cut the worker's peak
-    RSS by ~140 MiB in ``bench.throughput`` (README, Memory). Returns whether
+    RSS by ~140 MiB in ``bench.throughput`` (docs/performance.md, Memory). Returns whether
     the cap was applied (False off glibc or when the environment decides).
     """
     if "MALLOC_ARENA_MAX" in os.environ:

@@ -1,7 +1,7 @@
 """The topic catalogue: every topic tailguard reads or writes, in one place.
 
 ``tailguard topics create`` creates them all from here, the agents declare their
-faust topics from here, and the docs table in README.md mirrors it. Names are
+faust topics from here, and ``tailguard topics list`` prints it. Names are
 the external contract of SPEC.md §1 and must not change.
 
 Partition counts: the input topics and the internal series topic share one

@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 from tailguard.streams.attribution import FACTORS, MAX_STAGES, STAGE_PREFIX
 from tailguard.streams.columns import ERROR_CODES, Columns, event_hash
-from tailguard.streams.digest import DEFAULT_MAX_CENTROIDS, Sketch
+from tailguard.streams.digest import DEFAULT_MAX_CENTROIDS, EXACT_LIMIT, Sketch
 from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.sli import Thresholds
 
@@ -480,8 +480,13 @@ class Bucket:
             self.add_prompt(name, t.requests, t.bad, t.exemplars)
 
     @classmethod
-    def combine(cls, parts: "list[Bucket]", max_centroids: int) -> "Bucket":
+    def combine(
+        cls, parts: "list[Bucket]", max_centroids: int, exact_up_to: int = EXACT_LIMIT
+    ) -> "Bucket":
         """A new closed bucket holding all of ``parts`` (which are left untouched).
+
+        ``exact_up_to``: see :meth:`Sketch.combine` (a window only read may stay
+        exact longer than a bucket that is stored).
 
         Cheaper than folding with :meth:`merge` one part at a time: exact
         values are concatenated once and each digest is merged once.
@@ -498,7 +503,9 @@ class Bucket:
             for name in sorted(part.prompts):
                 t = part.prompts[name]
                 out.add_prompt(name, t.requests, t.bad, t.exemplars)
-        out.digests = {name: Sketch.combine(s, max_centroids) for name, s in by_metric.items()}
+        out.digests = {
+            name: Sketch.combine(s, max_centroids, exact_up_to) for name, s in by_metric.items()
+        }
         out.exemplars = heapq.nlargest(EXEMPLARS, exemplars)
         return out
 

@@ -25,6 +25,7 @@ __all__ = [
     "COARSE_MAX_CENTROIDS",
     "DEFAULT_MAX_CENTROIDS",
     "EXACT_LIMIT",
+    "READ_EXACT_LIMIT",
     "Sketch",
     "TDigest",
     "add_values",
@@ -111,6 +112,11 @@ def from_tdigest_dict(data: dict[str, Any], max_centroids: int = DEFAULT_MAX_CEN
 #: exact, cost 8 bytes a value instead of fastdigest's ~5 KB per digest
 #: (its buffers are sized by ``max_centroids``), and merge by concatenation.
 EXACT_LIMIT = 256
+#: A merged window that is only read (a snapshot, an SLO evaluation) stays exact
+#: up to this many values when no part is a digest: sorting them costs a third
+#: of building a digest of them (540 values: 8 µs vs 33 µs), and the quantiles
+#: are numpy's own. 64 KB a metric at most, about four digests' worth.
+READ_EXACT_LIMIT = 8192
 
 _TAG_EXACT = b"E"
 
@@ -265,8 +271,13 @@ class Sketch:
         return [float(digest.quantile(q)) for q in qs]
 
     @classmethod
-    def combine(cls, sketches: Sequence["Sketch"], max_centroids: int) -> "Sketch":
-        """One sketch of many: exact values concatenated once, digests merged once each."""
+    def combine(
+        cls, sketches: Sequence["Sketch"], max_centroids: int, exact_up_to: int = EXACT_LIMIT
+    ) -> "Sketch":
+        """One sketch of many: exact values concatenated once, digests merged once each.
+
+        Without digests among them, up to ``exact_up_to`` values stay exact.
+        """
         exact = [s._values for s in sketches if s._values is not None and s._values.size]
         exact += [s._tail for s in sketches if s._values is None and s._tail.size]
         digests = [
@@ -274,7 +285,7 @@ class Sketch:
         ]
         out = cls(max_centroids)
         values = np.concatenate(exact) if exact else np.empty(0, dtype=np.float64)
-        if not digests and values.size <= EXACT_LIMIT:
+        if not digests and values.size <= exact_up_to:
             out._values = values
             return out
         digest = (

@@ -40,7 +40,11 @@ import msgspec
 import numpy as np
 from tailguard.streams.bucket import Bucket, Counters
 from tailguard.streams.columns import Columns
-from tailguard.streams.digest import COARSE_MAX_CENTROIDS, DEFAULT_MAX_CENTROIDS
+from tailguard.streams.digest import (
+    COARSE_MAX_CENTROIDS,
+    DEFAULT_MAX_CENTROIDS,
+    READ_EXACT_LIMIT,
+)
 from tailguard.streams.errors import ConfigError, CorruptStateError
 from tailguard.streams.sli import LatencyEvent, Thresholds
 
@@ -553,16 +557,17 @@ class SeriesWindows:
         closed = [p for p in parts if p.ids is None and not p.refill]
         live = [p for p in parts if p.ids is not None or p.refill]
         mc = self.config.max_centroids
+        exact = READ_EXACT_LIMIT
         if not closed:
-            return Bucket.combine(live, mc)
+            return Bucket.combine(live, mc, exact)
         starts = [p.start_ms for p in closed]
         key = (window_ms, end or 0, min(starts), max(starts), len(closed))
         cached = self._closed_cache.get(key)
         if cached is None:
             if len(self._closed_cache) >= 32:
                 self._closed_cache.clear()
-            cached = self._closed_cache[key] = Bucket.combine(closed, mc)
-        return Bucket.combine([cached, *live], mc) if live else cached
+            cached = self._closed_cache[key] = Bucket.combine(closed, mc, exact)
+        return Bucket.combine([cached, *live], mc, exact) if live else cached
 
     def release_window_cache(self) -> None:
         """Forget the merged closed parts :meth:`window` keeps.

@@ -16,6 +16,7 @@ from tailguard.streams import PERCENTILES, Bucket, Thresholds, summarize
 from tailguard.streams.digest import (
     DEFAULT_MAX_CENTROIDS,
     EXACT_LIMIT,
+    READ_EXACT_LIMIT,
     Sketch,
     TDigest,
     add_values,
@@ -135,6 +136,24 @@ def test_combining_exact_and_digest_sketches_keeps_every_value() -> None:
     assert Sketch.combine(small, 1000).exact
     both = Sketch.combine([*small, big], 1000)
     assert both.n_values == 5_050 and not both.exact
+
+
+def test_a_window_read_without_digests_stays_exact_up_to_the_read_limit() -> None:
+    # Minute buckets of ~500 values each: digest form with every value still in
+    # the tail (below one merge chunk), as the ITL of a busy series' minute is.
+    rng = np.random.default_rng(4)
+    parts = [Sketch.of(rng.lognormal(3.5, 0.4, 500)) for _ in range(5)]
+    assert not any(p.exact for p in parts)
+    values = np.concatenate([p._tail for p in parts])
+    read = Sketch.combine(parts, 1000, READ_EXACT_LIMIT)
+    assert read.exact and read.n_values == values.size
+    assert read.quantiles(QUANTILES) == pytest.approx(
+        [float(np.quantile(values, q)) for q in QUANTILES], rel=1e-12
+    )
+    # Stored (roll-up) combines keep the storage limit; past the read limit, a digest.
+    assert not Sketch.combine(parts, 1000).exact
+    many = [Sketch.of(rng.lognormal(3.5, 0.4, 1000)) for _ in range(READ_EXACT_LIMIT // 1000 + 1)]
+    assert not Sketch.combine(many, 1000, READ_EXACT_LIMIT).exact
 
 
 @pytest.mark.parametrize("n", [0, 7, EXACT_LIMIT + 50])

@@ -53,7 +53,8 @@ from tailguard.agents.state import CachedSeries, CheckpointInterrupted, SeriesSt
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.telemetry import Telemetry
 from tailguard.agents.topics import Topics
-from tailguard.streams import WINDOWS, SeriesWindows, summarize
+from tailguard.streams import WINDOWS, SeriesWindows, WindowSummary, summarize, summarize_many
+from tailguard.streams.bucket import Bucket
 from tailguard.streams.columns import Columns
 from tailguard.streams.fold import fold_many
 
@@ -63,10 +64,16 @@ SLI_SCHEMA = "tailguard.sli.v1"
 
 Series = tuple[str, str, str, str]
 Outgoing = list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]
+#: One window of one series to publish: series, its state, window name, end, and
+#: the window's merged bucket (read when the minute closed).
+Read = tuple[Series, SeriesWindows, str, int, Bucket]
 
 _MAX_GPUS_PER_SERIES = 64
 #: Series remembered as fed through the forward path (forgotten all at once past it).
 _MAX_FORWARDED_SERIES = 200_000
+#: Windows summarised together at a close: enough to share the percentile pass,
+#: few enough that their merged buckets are little memory (~6 KB each).
+_SUMMARY_CHUNK = 512
 
 
 def final_cadence_ms(window: str) -> int:
@@ -97,7 +104,20 @@ def snapshot_payload(
     """The ``tailguard.sli.v1`` event of one series and window."""
     window_ms = WINDOWS[window]
     merged = state.window(window_ms, end_ms)
-    s = summarize(merged, window_ms, state.thresholds, with_digests=with_digests)
+    summary = summarize(merged, window_ms, state.thresholds, with_digests=with_digests)
+    return _payload(series, state, window, end_ms, summary, final=final, now_ms=now_ms)
+
+
+def _payload(
+    series: Series,
+    state: SeriesWindows,
+    window: str,
+    end_ms: int,
+    s: WindowSummary,
+    *,
+    final: bool,
+    now_ms: int,
+) -> dict[str, Any]:
     service, model, variant, tenant = series
     key = series_key(*series)
     ident = f"{key}|{window}|{end_ms}|{'final' if final else s.count}"
@@ -107,7 +127,7 @@ def snapshot_payload(
         "ts_ms": now_ms,
         "series": {"service": service, "model": model, "variant": variant, "tenant": tenant},
         "window": window,
-        "window_s": window_ms // 1000,
+        "window_s": WINDOWS[window] // 1000,
         "window_end_ms": end_ms,
         "final": final,
         "count": s.count,
@@ -219,6 +239,7 @@ class SeriesFolder:
         event of ``partition``: table access runs under the newest of them.
         """
         outgoing: Outgoing = []
+        closing: list[Read] = []
         states = []
         closers = []
         gpus_of: dict[int, list[tuple[str, int, int]]] = {}
@@ -239,7 +260,7 @@ class SeriesFolder:
                 if i in gpus_of:
                     _note_gpus(cached, gpus_of[i])
                 states.append(cached.state)
-                closers.append(self._closer(name, key, cached, specs[key], outgoing))
+                closers.append(self._closer(name, key, cached, specs[key], closing, outgoing))
                 store.mark_unsaved(key, partition)
         results = fold_many(states, cols, bounds, closers)
         stats = self.stats
@@ -248,35 +269,38 @@ class SeriesFolder:
             stats.late += result.late
             stats.duplicates += result.duplicates
             stats.replayed += result.replayed
+        self.send_all(self.snapshots(closing, final=True))
         self.send_all(outgoing)
         if self.cadence.due(partition, time.monotonic()):
             await self.checkpoint(partition)
 
     # -- outputs --------------------------------------------------------------
-    def snapshots(
+    def reads(
         self, series: Series, state: SeriesWindows, end_ms: int, *, final: bool
-    ) -> Outgoing:
-        """The snapshots of ``series`` for the windows ending at ``end_ms``, framed."""
+    ) -> list[Read]:
+        """The windows of ``series`` to publish for ``end_ms``, merged now (what a
+        final read sees must not depend on how far the watermark goes on)."""
+        return [
+            (series, state, window, end_ms, state.window(WINDOWS[window], end_ms))
+            for window in self.settings.sli_windows
+            if not (final and end_ms % final_cadence_ms(window))
+        ]
+
+    def snapshots(self, reads: list[Read], *, final: bool) -> Outgoing:
+        """The snapshots of ``reads``, summarised together and framed."""
         settings = self.settings
         now = int(time.time() * 1000)
-        key = series_key(*series).encode()
+        summaries = summarize_many(
+            [(merged, WINDOWS[window], state.thresholds) for _, state, window, _, merged in reads],
+            with_digests=settings.attach_digests,
+        )
         out: Outgoing = []
-        for window in settings.sli_windows:
-            if final and end_ms % final_cadence_ms(window):
-                continue
-            payload = snapshot_payload(
-                series,
-                state,
-                window,
-                end_ms,
-                final=final,
-                now_ms=now,
-                with_digests=settings.attach_digests,
-            )
+        for (series, state, window, end_ms, _), summary in zip(reads, summaries, strict=True):
+            payload = _payload(series, state, window, end_ms, summary, final=final, now_ms=now)
             if self.telemetry is not None:
                 self.telemetry.observe_sli(series, window, payload)
             value, headers = frame(payload, source=settings.source)
-            out.append((self.sli_topic, key, value, headers))
+            out.append((self.sli_topic, series_key(*series).encode(), value, headers))
         return out
 
     def send_all(self, outgoing: Outgoing) -> None:
@@ -288,14 +312,24 @@ class SeriesFolder:
                 self.stats.breach_events += 1
 
     def _closer(
-        self, series: Series, key: str, cached: CachedSeries, slos: list[Any], outgoing: Outgoing
+        self,
+        series: Series,
+        key: str,
+        cached: CachedSeries,
+        slos: list[Any],
+        closing: list[Read],
+        outgoing: Outgoing,
     ) -> Any:
         engine = self.engine
 
         def on_close(end_ms: int) -> None:
             # Runs inside the fold, before roll-up and pruning: what it reads of
-            # windows ending at end_ms is final and independent of batching.
-            outgoing.extend(self.snapshots(series, cached.state, end_ms, final=True))
+            # windows ending at end_ms is final and independent of batching. The
+            # reads are summarised together, a chunk at a time (see snapshots).
+            closing.extend(self.reads(series, cached.state, end_ms, final=True))
+            if len(closing) >= _SUMMARY_CHUNK:
+                outgoing.extend(self.snapshots(closing, final=True))
+                closing.clear()
             transitions: list[Any] = engine.evaluate(series, key, cached, end_ms, slos)
             transitions += engine.evaluate_silent(key, cached, end_ms)
             for value, headers in engine.payloads(

@@ -4,7 +4,7 @@ from tailguard.streams.bucket import METRICS, Bucket, Counters
 from tailguard.streams.errors import ConfigError, CorruptStateError, StreamsError
 from tailguard.streams.ring import WINDOWS, AddResult, Changes, RingConfig, SeriesWindows
 from tailguard.streams.sli import LatencyEvent, Thresholds
-from tailguard.streams.summary import PERCENTILES, WindowSummary, summarize
+from tailguard.streams.summary import PERCENTILES, WindowSummary, summarize, summarize_many
 
 __all__ = [
     "METRICS",
@@ -23,4 +23,5 @@ __all__ = [
     "Thresholds",
     "WindowSummary",
     "summarize",
+    "summarize_many",
 ]

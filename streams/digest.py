@@ -33,6 +33,7 @@ __all__ = [
     "digest_to_bytes",
     "from_tdigest_dict",
     "new_digest",
+    "quantiles_many",
     "to_tdigest_dict",
 ]
 
@@ -372,3 +373,39 @@ class Sketch:
         out = cls(max_centroids)
         out.add(values)
         return out
+
+
+def quantiles_many(sketches: Sequence[Sketch], qs: Sequence[float]) -> list[list[float]]:
+    """The quantiles ``qs`` of every (non-empty) sketch: what ``s.quantiles(qs)`` gives.
+
+    Exact sketches are sorted one by one and then interpolated all at once (the
+    arithmetic of :func:`_exact_quantiles`, so the numbers are the same to the
+    bit); a minute's close reads thousands of small windows, and the per-call
+    Python of one sketch at a time cost four times the sort.
+    """
+    out: list[list[float]] = [[] for _ in sketches]
+    at: list[int] = []
+    arrays: list[np.ndarray] = []
+    for i, sketch in enumerate(sketches):
+        if sketch._values is None:
+            out[i] = sketch.quantiles(qs)
+        else:
+            at.append(i)
+            arrays.append(np.sort(sketch._values))
+    if not arrays:
+        return out
+    lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+    if not lengths.all():
+        msg = "quantiles_many: an empty sketch has no quantiles"
+        raise ValueError(msg)
+    flat = np.concatenate(arrays)
+    starts = (np.cumsum(lengths) - lengths)[:, None]
+    last = (lengths - 1)[:, None]
+    pos = np.asarray(qs, dtype=np.float64)[None, :] * last
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, last)
+    a = flat[starts + lo]
+    b = flat[starts + hi]
+    for i, row in zip(at, (a + (b - a) * (pos - lo)).tolist(), strict=True):
+        out[i] = row
+    return out

@@ -9,15 +9,16 @@
   (DistServe; vLLM ``--goodput``).
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tailguard.streams.attribution import STAGE_PREFIX
 from tailguard.streams.bucket import METRICS, Bucket
-from tailguard.streams.digest import to_tdigest_dict
+from tailguard.streams.digest import Sketch, quantiles_many, to_tdigest_dict
 from tailguard.streams.sli import Thresholds
 
-__all__ = ["PERCENTILES", "WindowSummary", "summarize"]
+__all__ = ["PERCENTILES", "WindowSummary", "summarize", "summarize_many"]
 
 #: Published percentile names and their quantiles.
 PERCENTILES: dict[str, float] = {
@@ -57,23 +58,60 @@ def summarize(
     bucket: Bucket, window_ms: int, thresholds: Thresholds, *, with_digests: bool = False
 ) -> WindowSummary:
     """SLI figures of a merged window (see the module docstring for definitions)."""
-    c = bucket.counters
-    latency: dict[str, dict[str, float | int | None]] = {}
+    return summarize_many([(bucket, window_ms, thresholds)], with_digests=with_digests)[0]
+
+
+def summarize_many(
+    windows: Sequence[tuple[Bucket, int, Thresholds]], *, with_digests: bool = False
+) -> list[WindowSummary]:
+    """:func:`summarize` of each ``(merged bucket, window_ms, thresholds)``, percentiles
+    in one pass.
+
+    A minute's close summarises a few windows of every series that closed; the
+    percentiles of all of them are computed together (:func:`quantiles_many`).
+    """
     qs = list(PERCENTILES.values())
-    for metric in METRICS:
-        sketch = bucket.digests.get(metric)
-        n = sketch.n_values if sketch is not None else 0
-        row: dict[str, float | int | None] = {"count": n}
-        values = sketch.quantiles(qs) if sketch is not None and n else [None] * len(qs)
-        row.update(zip(PERCENTILES, values, strict=True))
-        latency[metric] = row
-    stages: dict[str, dict[str, float | int | None]] = {}
-    for name in sorted(bucket.digests):
-        if name.startswith(STAGE_PREFIX):
-            sketch = bucket.digests[name]
-            row = {"count": sketch.n_values}
-            row.update(zip(PERCENTILES, sketch.quantiles(qs), strict=True))
-            stages[name[len(STAGE_PREFIX) :]] = row
+    # Every (window, metric or stage) with values, then all their percentiles at once.
+    cells: list[tuple[int, str]] = []
+    sketches: list[Sketch] = []
+    for w, (bucket, _, _) in enumerate(windows):
+        for name, sketch in bucket.digests.items():
+            if sketch.n_values:
+                cells.append((w, name))
+                sketches.append(sketch)
+    found: dict[tuple[int, str], list[float]] = dict(
+        zip(cells, quantiles_many(sketches, qs), strict=True)
+    )
+    none = [None] * len(qs)
+    out = []
+    for w, (bucket, window_ms, thresholds) in enumerate(windows):
+        latency: dict[str, dict[str, float | int | None]] = {}
+        for metric in METRICS:
+            sketch = bucket.digests.get(metric)
+            row: dict[str, float | int | None] = {
+                "count": sketch.n_values if sketch is not None else 0
+            }
+            row.update(zip(PERCENTILES, found.get((w, metric), none), strict=True))
+            latency[metric] = row
+        stages: dict[str, dict[str, float | int | None]] = {}
+        for name in sorted(bucket.digests):
+            if name.startswith(STAGE_PREFIX):
+                row = {"count": bucket.digests[name].n_values}
+                row.update(zip(PERCENTILES, found.get((w, name), none), strict=True))
+                stages[name[len(STAGE_PREFIX) :]] = row
+        out.append(_summary(bucket, window_ms, thresholds, latency, stages, with_digests))
+    return out
+
+
+def _summary(
+    bucket: Bucket,
+    window_ms: int,
+    thresholds: Thresholds,
+    latency: dict[str, dict[str, float | int | None]],
+    stages: dict[str, dict[str, float | int | None]],
+    with_digests: bool,
+) -> WindowSummary:
+    c = bucket.counters
     ttft_c = _ratio(c.ttft_good, c.ttft_total)
     itl_c = _ratio(c.itl_good, c.itl_total)
     digests = None

@@ -22,6 +22,7 @@ from tailguard.streams.digest import (
     add_values,
     from_tdigest_dict,
     new_digest,
+    quantiles_many,
     to_tdigest_dict,
 )
 
@@ -189,3 +190,17 @@ def test_a_sketch_is_the_same_bytes_however_its_values_were_batched(
     assert restored.to_bytes() == whole.to_bytes()
     if n:
         assert restored.quantiles([0.5, 0.99]) == whole.quantiles([0.5, 0.99])
+
+
+def test_quantiles_of_many_sketches_are_each_sketchs_own_to_the_bit() -> None:
+    rng = np.random.default_rng(5)
+    sizes = [1, 2, 3, 17, EXACT_LIMIT, EXACT_LIMIT + 1, 5_000]
+    sketches = [Sketch.of(rng.lognormal(4.0, 0.6, n)) for n in sizes]
+    assert any(s.exact for s in sketches) and not all(s.exact for s in sketches)
+    qs = [0.0, *QUANTILES, 1.0]
+    assert quantiles_many(sketches, qs) == [s.quantiles(qs) for s in sketches]
+
+
+def test_quantiles_of_many_refuse_an_empty_sketch() -> None:
+    with pytest.raises(ValueError, match="empty sketch"):
+        quantiles_many([Sketch.of([1.0]), Sketch()], QUANTILES)

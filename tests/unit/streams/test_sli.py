@@ -13,6 +13,7 @@ from tailguard.streams import (
     StreamsError,
     Thresholds,
     summarize,
+    summarize_many,
 )
 from tailguard.streams.sli import tpot_ms
 
@@ -241,6 +242,35 @@ def test_summary_publishes_every_percentile_of_every_metric(
         assert set(row) == {"count", "p50", "p90", "p95", "p99", "p999"}
         assert row["count"] == 1
         assert row["p50"] == row["p999"] == pytest.approx(value)
+
+
+def test_windows_summarised_together_match_each_summarised_alone(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    # Series of different sizes (exact and digest sketches, one with no requests),
+    # each with its own weights, some with stage latencies.
+    reads = []
+    for n, weight in [(0, 0.7), (1, 0.5), (40, 0.7), (400, 0.2)]:
+        thresholds = Thresholds(ttft_weight=weight, itl_weight=1.0 - weight)
+        windows = make_windows(thresholds)
+        windows.add(
+            [
+                make_event(
+                    t0 + 1_000 + i,
+                    ttft_ms=50.0 + i,
+                    itl_ms=[10.0 + i % 7, 20.0],
+                    stages_ms={"prefill": 5.0 + i} if i % 2 else {},
+                )
+                for i in range(n)
+            ]
+        )
+        for window in ("1m", "5m"):
+            reads.append(
+                (windows.window(WINDOWS[window], t0 + ONE_MINUTE), WINDOWS[window], thresholds)
+            )
+    together = summarize_many(reads)
+    assert together == [summarize(bucket, ms, th) for bucket, ms, th in reads]
+    assert together[-1].latency["itl_ms"]["count"] == 800 and together[-1].stages
 
 
 def test_exemplars_are_the_trace_ids_of_the_slowest_requests(

@@ -231,7 +231,12 @@ class BreachEngine:
                 else BreachState(series_key=key, slo=spec.name)
             )
             verdict = evaluate(spec, self.burn, counters)
-            new, transitions = advance(state, end_ms, verdict, self.lifecycle)
+            if verdict.severity is None and not state.is_open:
+                # Quiet, as most series are at most minutes: advancing would only
+                # move the state's last_at_ms, which a quiet state never stores.
+                new, transitions = state, ()
+            else:
+                new, transitions = advance(state, end_ms, verdict, self.lifecycle)
             if self.telemetry is not None:
                 self.telemetry.observe_slo(key, spec.name, verdict, new, end_ms)
             # Persist only real changes: a quiet (series, SLO) would otherwise write

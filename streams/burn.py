@@ -133,8 +133,11 @@ _EXCEED_TOLERANCE = 1e-9
 
 
 @functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=1024)
 def window_ms(name: str) -> int:
-    """Milliseconds of a window name such as ``5m``, ``2h``, ``3d`` or ``30d``."""
+    """Milliseconds of a window name such as ``5m``, ``2h``, ``3d`` or ``30d``.
+
+    Remembered (an SLO evaluation reads it for every window, several times)."""
     match = _DURATION.fullmatch(name)
     if match is None:
         msg = f"window {name!r} is not <positive integer><s|m|h|d|w>, e.g. '5m', '2h', '30d'"
@@ -365,7 +368,12 @@ def burn_rate(bad: float, total: float, target: float) -> float:
     """``(bad / total) / (1 − target)``; 0 for an empty window."""
     if total <= 0:
         return 0.0
-    return (bad / total) / round(1.0 - target, 12)
+    return (bad / total) / _allowed_bad(target)
+
+
+def _allowed_bad(target: float) -> float:
+    """``1 − target``, rounded so that 1 − 0.999 is 0.001 exactly."""
+    return round(1.0 - target, 12)
 
 
 def goodput_rps(counters: Counters, window_ms: int) -> float:
@@ -536,10 +544,11 @@ def evaluate(
     rates: dict[str, float] = {}
     sli: dict[str, float] = {}
     events: dict[str, int] = {}
+    allowed = _allowed_bad(spec.target)
     for name in sorted(counters_by_window, key=window_ms):
         counters = counters_by_window[name]
         bad, total = bad_and_total(spec, counters)
-        rates[name] = burn_rate(bad, total, spec.target)
+        rates[name] = (bad / total) / allowed if total > 0 else 0.0
         events[name] = eligible_requests(spec, counters)
         if total > 0:
             sli[name] = 1.0 - bad / total

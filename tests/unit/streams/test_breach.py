@@ -1,6 +1,7 @@
 """Breach lifecycle: one opened, material updates only, one resolved after the hold, replayable."""
 
 from collections.abc import Sequence
+from dataclasses import replace
 from itertools import pairwise
 
 import msgspec
@@ -296,3 +297,20 @@ def test_replay_is_deterministic_and_a_restore_midway_changes_nothing(
     # re-delivering what came before the cut is a no-op, then the rest continues
     end, second = replay(restored, points[: cut // 2] + points[cut:], POLICY)
     assert (end, first + second) == (final, whole)
+
+
+@given(steps=steps_strategy, rate=rates)
+def test_a_quiet_verdict_without_an_open_breach_moves_only_the_time(
+    steps: list[tuple[int, str | None, float, float]], rate: float
+) -> None:
+    # The breach engine relies on this to skip such evaluations: nothing to
+    # publish and nothing to store (it stores only transitions and open states).
+    points = to_points(steps)
+    state, _ = replay(BreachState(SERIES, SLO), points, POLICY)
+    if state.is_open:
+        return
+    later = (points[-1][0] if points else T0) + MINUTE_MS
+    new, transitions = advance(state, later, verdict(None, rate), POLICY)
+    assert transitions == ()
+    assert new == replace(state, last_at_ms=later)
+    assert not new.is_open

@@ -46,6 +46,13 @@ a crash between the component writes and the core write can re-apply one
 message to breakers and indexes (counted, never lost); a crash between the
 knee write and the core write re-closes an interval whose sample the history
 has already, and the tracker ignores a sample no newer than its newest.
+
+The ingest acknowledges its input at checkpoints, so after a crash it forwards
+again the requests since the last one, in new internal messages. Every row
+therefore carries the input position of its event (runs of
+:mod:`~tailguard.streams.input_marks`), the core keeps the newest position
+applied per input partition, and a row at or below it is skipped
+(``replayed_rows``).
 """
 
 import asyncio
@@ -84,6 +91,7 @@ from tailguard.streams.capacity_state import (
     encode_rag,
 )
 from tailguard.streams.errors import CorruptStateError
+from tailguard.streams.input_marks import Run, unapplied
 from tailguard.streams.knee import KneeConfig, KneeTracker
 from tailguard.streams.rag import RagConfig, RagThreshold
 
@@ -127,6 +135,9 @@ class _Groups(msgspec.Struct):
     """
 
     groups: list[tuple[str, str, list[Row]]]
+    #: Per group, the input positions of its rows (:mod:`~tailguard.streams.input_marks`);
+    #: absent in messages of older forwarders.
+    runs: list[list[Run]] = []
 
 
 _encode = msgspec.json.Encoder().encode
@@ -194,6 +205,8 @@ class CapacityStats:
     restored: int = 0
     #: Messages at or below a deployment's stored offset (applied before a crash).
     replayed: int = 0
+    #: Rows whose input position a deployment had applied (forwarded again after a crash).
+    replayed_rows: int = 0
     corrupt_states: int = 0
 
 
@@ -239,17 +252,32 @@ def _partition(key: str, partitions: int) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "big") % partitions
 
 
-def _chunks(
-    groups: list[tuple[str, str, list[Row]]], max_rows: int
-) -> Iterator[list[tuple[str, str, list[Row]]]]:
+#: A deployment's rows of one batch and their input positions.
+Group = tuple[str, str, list[Row], list[Run]]
+
+
+def _chunks(groups: list[Group], max_rows: int) -> Iterator[list[Group]]:
     """``groups`` in messages of at most ``max_rows`` rows (a deployment's rows may
-    span two, in order: the later message has the higher offset)."""
-    chunk: list[tuple[str, str, list[Row]]] = []
+    span two, in order: the later message has the higher offset; a run of rows
+    cut in two continues at its next row index)."""
+    chunk: list[Group] = []
     room = max_rows
-    for service, model, rows in groups:
+    for service, model, rows, runs in groups:
+        pending = list(runs)
         while rows:
             take, rows = rows[:room], rows[room:]
-            chunk.append((service, model, take))
+            taken: list[Run] = []
+            need = len(take)
+            while need and pending:
+                part, offset, first, count = pending[0]
+                used = min(count, need)
+                taken.append((part, offset, first, used))
+                need -= used
+                if used == count:
+                    pending.pop(0)
+                else:
+                    pending[0] = (part, offset, first + used, count - used)
+            chunk.append((service, model, take, taken))
             room -= len(take)
             if room == 0:
                 yield chunk
@@ -258,18 +286,31 @@ def _chunks(
         yield chunk
 
 
-def _messages(
-    groups: list[tuple[str, str, list[Row]]], max_rows: int, max_bytes: int
-) -> Iterator[bytes]:
+def _messages(groups: list[Group], max_rows: int, max_bytes: int) -> Iterator[bytes]:
     """The encoded messages of ``groups``: chunks of ``max_rows`` rows, halved until
     each is at most ``max_bytes`` (a single row is sent whatever its size)."""
     for chunk in _chunks(groups, max_rows):
-        value = _encode(_Groups(chunk))
-        rows = sum(len(r) for _, _, r in chunk)
+        value = _encode(_Groups([(s, m, r) for s, m, r, _ in chunk], [p for *_, p in chunk]))
+        rows = sum(len(r) for _, _, r, _ in chunk)
         if len(value) <= max_bytes or rows == 1:
             yield value
         else:
             yield from _messages(chunk, (rows + 1) // 2, max_bytes)
+
+
+def _rows_by_deployment(
+    events: Sequence[InferenceEvent], positions: Sequence[tuple[int, int]]
+) -> dict[tuple[str, str], tuple[list[Row], list[Run]]]:
+    """Each deployment's rows, in input order, with their input positions as runs."""
+    out: dict[tuple[str, str], tuple[list[Row], list[Run]]] = {}
+    for ev, (part, offset) in zip(events, positions, strict=True):
+        rows, runs = out.setdefault((ev.service, ev.model), ([], []))
+        rows.append(_row(ev))
+        if runs and runs[-1][0] == part and runs[-1][1] == offset:
+            runs[-1] = (part, offset, 0, runs[-1][3] + 1)
+        else:
+            runs.append((part, offset, 0, 1))
+    return out
 
 
 def register_capacity(
@@ -379,13 +420,10 @@ def register_capacity(
     async def forward(
         events: Sequence[InferenceEvent], positions: Sequence[tuple[int, int]]
     ) -> None:
-        by_deployment: dict[tuple[str, str], list[Row]] = {}
-        for ev in events:
-            by_deployment.setdefault((ev.service, ev.model), []).append(_row(ev))
-        by_partition: dict[int, list[tuple[str, str, list[Row]]]] = {}
-        for (service, model), rows in by_deployment.items():
+        by_partition: dict[int, list[Group]] = {}
+        for (service, model), (rows, runs) in _rows_by_deployment(events, positions).items():
             partition = _partition(f"{service}|{model}", settings.partitions)
-            by_partition.setdefault(partition, []).append((service, model, rows))
+            by_partition.setdefault(partition, []).append((service, model, rows, runs))
         for partition, groups in by_partition.items():
             for value in _messages(groups, _MAX_ROWS, _MAX_BYTES):
                 await internal.send(key=f"p{partition}".encode(), value=value, partition=partition)
@@ -553,21 +591,27 @@ def register_capacity(
                 key = event.key or b""
                 app.log.error("tailguard: undecodable capacity rows on %r: %s", key, exc)
                 continue
+            runs: list[list[Run]] = []
             if isinstance(message, _Groups):
-                groups = message.groups
+                groups, runs = message.groups, message.runs
             else:
                 service, _, model = (event.key or b"").decode().partition("|")
                 groups = [(service, model, message)]
             offset = event.message.offset
             published = cstats.published
             applied: list[_Deployment] = []
-            for service, model, rows in groups:
+            for i, (service, model, rows) in enumerate(groups):
                 dep = load(f"{service}|{model}", service, model)
                 if offset <= dep.core.offset:  # applied before a crash (per deployment)
                     cstats.replayed += 1
                     continue
-                cstats.rows += len(rows)
-                absorb(dep, rows)
+                # Rows the ingest forwards again after a crash (its input is
+                # acknowledged at checkpoints): applied once, by input position.
+                ranges = unapplied(dep.core.applied, runs[i] if i < len(runs) else [], len(rows))
+                fresh = [row for lo, hi in ranges for row in rows[lo:hi]]
+                cstats.replayed_rows += len(rows) - len(fresh)
+                cstats.rows += len(fresh)
+                absorb(dep, fresh)
                 applied.append(dep)
             # Records out before the state that produced them is written (a crash
             # re-sends a record with the same event_id; it never loses one).

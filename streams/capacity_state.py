@@ -6,8 +6,9 @@ table (changelogged)::
 
     core     load window (open intervals, watermark), the published knee,
              scaling hysteresis (streaks, last action, episode), warm-up
-             tracker, GPUs seen, last published hold, and the offset of the
-             last applied input message
+             tracker, GPUs seen, last published hold, the offset of the
+             last applied internal message and, per input partition, the
+             newest input position applied (:mod:`~tailguard.streams.input_marks`)
     knee     the knee history (up to 240 interval samples, ~8 KB), the last
              evaluations' knee candidates and the published knee: it changes
              only when a load interval closes, so it is written then and not
@@ -33,6 +34,7 @@ import msgspec
 from tailguard.streams.breaker import Breaker, BreakerPolicy, ExpertBreakers
 from tailguard.streams.capacity import LoadWindow, ScaleState, WarmupTracker, _Open
 from tailguard.streams.errors import CorruptStateError
+from tailguard.streams.input_marks import Marks
 from tailguard.streams.knee import Knee, KneeConfig, KneeTracker, LoadSample, find_knee
 from tailguard.streams.rag import RagConfig, RagThreshold
 
@@ -62,8 +64,10 @@ class CoreState:
     warmup: WarmupTracker = field(default_factory=WarmupTracker)
     gpus: set[tuple[str, int]] = field(default_factory=set)
     last_hold: str | None = None
-    #: Offset of the last input message applied (its partition is fixed by the key).
+    #: Offset of the last internal message applied (its partition is fixed by the key).
     offset: int = -1
+    #: Newest input position applied per input partition (replays of the ingest).
+    applied: Marks = field(default_factory=dict)
 
 
 #: A confirmed-candidate knee: concurrency, P95, tokens/s, samples, bins, interval.
@@ -91,6 +95,9 @@ class _CoreWire(msgspec.Struct, array_like=True):
     #: The knee tracker's last evaluations (added later: absent in older state,
     #: which restores with none — the next evaluations refill them).
     knee_recent: list[_RecentKnee | None] = []
+    #: ``(input partition, offset, row index)``: the marks (absent in older state,
+    #: which restores with none: a replay of the ingest then counts its rows again).
+    applied: list[tuple[int, int, int]] = []
 
 
 class _KneeWire(msgspec.Struct, array_like=True):
@@ -174,6 +181,7 @@ def encode_core(core: CoreState, *, history: bool = True) -> bytes:
         last_hold=core.last_hold,
         offset=core.offset,
         knee_recent=_recent(knee) if history else [],
+        applied=[(part, offset, index) for part, (offset, index) in sorted(core.applied.items())],
     )
     return msgspec.msgpack.encode(wire)
 
@@ -240,7 +248,16 @@ def decode_core(
         {k: list(v) for k, v in w.warm_after.items()},
         set(w.warm_reported),
     )
-    return CoreState(load, tracker, scale, warm, {(h, g) for h, g in w.gpus}, w.last_hold, w.offset)
+    return CoreState(
+        load,
+        tracker,
+        scale,
+        warm,
+        {(h, g) for h, g in w.gpus},
+        w.last_hold,
+        w.offset,
+        {part: (offset, index) for part, offset, index in w.applied},
+    )
 
 
 def encode_experts(experts: ExpertBreakers) -> bytes:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from confluent_kafka.admin import AdminClient
 from tailguard.streams.capacity_state import decode_knee
 from tailguard.streams.knee import KneeConfig
 
@@ -223,3 +224,71 @@ def test_knee_episode_breaker_and_threshold_survive_restarts(
     assert ends == sorted(set(ends))
     assert ends[0] <= T0 + 2 * cap.INTERVAL_MS, ends[:3]
     assert len(ends) == (ends[-1] - ends[0]) // cap.INTERVAL_MS + 1
+
+
+def test_a_killed_worker_counts_each_request_once_in_its_load_intervals(
+    namespace: Any,
+    worker_factory: Callable[..., Any],
+    produce: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ingest acknowledges its input at checkpoints: a worker killed before one
+    forwards the same requests to the capacity agent again once restarted. Every
+    closed load interval (the knee history) must hold each request once.
+
+    Checkpoints are set far apart, so the restart replays the whole first half
+    (every request it forwards again is one the capacity agent applied already).
+    """
+    from tailguard.streams.capacity import LoadWindow
+
+    monkeypatch.delenv("TAILGUARD_CAPACITY", raising=False)
+    monkeypatch.setenv("TAILGUARD_CHECKPOINT_S", "600")
+    ramp = cap.capacity_scenarios(T0)["ramp"]
+    half = len(ramp) // 2
+    topic = namespace.topic("tailguard.inference")
+    changelog = f"{namespace.app_id}-tailguard-capacity-changelog"
+
+    # What an uninterrupted run closes: every interval of the scenario.
+    window = LoadWindow(cap.INTERVAL_MS, 2_000)
+    want = [
+        (c.sample.ts_ms, c.sample.concurrency, c.sample.p95_ms, c.sample.tokens_per_s)
+        for e in ramp
+        if not e.get("warmup")
+        for c in window.add(e["ts_ms"], e["e2e_ms"], e.get("output_tokens") or 0)
+    ]
+    first_half_end = ramp[half - 1]["ts_ms"]
+
+    admin = AdminClient({"bootstrap.servers": namespace.broker})
+
+    def history() -> list[tuple[int, float, float, float]]:
+        # Asking for a topic by name would create it (broker defaults) before the
+        # worker does: list them all instead.
+        if changelog not in admin.list_topics(timeout=10).topics:
+            return []
+        raw = read_table(namespace.broker, changelog).get(b"K\x1fchat|ramp")
+        if raw is None:
+            return []
+        samples = decode_knee(raw, KneeConfig()).samples
+        return [(s.ts_ms, s.concurrency, s.p95_ms, s.tokens_per_s) for s in samples]
+
+    def wait_until(done: Callable[[list[tuple[int, float, float, float]]], bool]) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert worker.alive(), worker.log_tail()
+            if done(history()):
+                return
+            time.sleep(1)
+        raise AssertionError(f"knee history not there in time: {history()[-3:]}")
+
+    worker = worker_factory("w1").start()
+    produce(namespace.broker, topic, messages(ramp[:half], b"ramp"))
+    # The first half's intervals are closed, all but the last one or two.
+    wait_until(lambda h: bool(h) and h[-1][0] >= first_half_end - 2 * cap.INTERVAL_MS)
+    worker.kill()
+    worker = worker_factory("w1").start()
+    produce(namespace.broker, topic, messages(ramp[half:], b"ramp"))
+    wait_until(lambda h: bool(h) and h[-1][0] >= want[-1][0])
+    assert worker.stop() == 0
+    got = history()
+    assert [s[0] for s in got] == [s[0] for s in want]
+    assert got == want

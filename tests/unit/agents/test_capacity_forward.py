@@ -1,57 +1,114 @@
-"""The capacity forwarder's messages: one per partition and batch, in bounded chunks."""
+"""The capacity forwarder's messages: one per partition and batch, in bounded chunks,
+every row with the input position of its event."""
+
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
-from tailguard.agents.capacity import _chunks, _decode_message, _encode, _Groups, _messages
+from tailguard.agents.capacity import (
+    _chunks,
+    _decode_message,
+    _encode,
+    _Groups,
+    _messages,
+    _rows_by_deployment,
+)
+from tailguard.schemas import InferenceEvent
 
 
 def row(ts: int) -> tuple:
     return (ts, 400.0, 180.0, 10, True, False, "i1", "h1", [0], [], None, "")
 
 
-def test_a_grouped_message_round_trips() -> None:
+def test_a_grouped_message_round_trips_with_its_input_positions() -> None:
     groups = [("chat", "llama", [row(1), row(2)]), ("chat", "qwen", [row(3)])]
-    back = _decode_message(_encode(_Groups(groups)))
+    runs = [[(0, 17, 0, 2)], [(1, 4, 0, 1)]]
+    back = _decode_message(_encode(_Groups(groups, runs)))
     assert isinstance(back, _Groups)
-    assert back.groups == groups
+    assert back.groups == groups and back.runs == runs
 
 
-def test_a_message_of_an_older_forwarder_still_decodes_as_rows() -> None:
-    # Before grouping, a message held one deployment's rows (named by its key); after
-    # an upgrade the topic may still hold some.
-    old = _encode([row(1), row(2)])
-    assert _decode_message(old) == [row(1), row(2)]
+def test_messages_of_older_forwarders_still_decode() -> None:
+    # Before input positions, a grouped message had no runs; before grouping, a
+    # message held one deployment's rows (named by its key).
+    grouped = _decode_message(_encode({"groups": [("chat", "llama", [row(1)])]}))
+    assert isinstance(grouped, _Groups) and grouped.runs == []
+    assert _decode_message(_encode([row(1), row(2)])) == [row(1), row(2)]
+
+
+def event(i: int, model: str) -> InferenceEvent:
+    fields: dict[str, Any] = {
+        "event_id": f"e{i}",
+        "ts_ms": 1_700_000_000_000 + i,
+        "service": "chat",
+        "model": model,
+        "status": "ok",
+        "e2e_ms": 400.0,
+    }
+    return InferenceEvent(**fields)
+
+
+def test_each_deployments_rows_carry_runs_of_their_input_messages() -> None:
+    # Two input messages on partition 0 and one on partition 3, deployments mixed.
+    models = ["a", "b", "a", "a", "b", "a"]
+    positions = [(0, 10), (0, 10), (0, 10), (0, 11), (0, 11), (3, 5)]
+    events = [event(i, m) for i, m in enumerate(models)]
+    by = _rows_by_deployment(events, positions)
+    assert [r[0] for r in by[("chat", "a")][0]] == [events[i].ts_ms for i in (0, 2, 3, 5)]
+    assert by[("chat", "a")][1] == [(0, 10, 0, 2), (0, 11, 0, 1), (3, 5, 0, 1)]
+    assert by[("chat", "b")][1] == [(0, 10, 0, 1), (0, 11, 0, 1)]
 
 
 @given(
-    sizes=st.lists(st.integers(min_value=1, max_value=50), max_size=30),
+    sizes=st.lists(st.lists(st.integers(1, 9), min_size=1, max_size=5), max_size=20),
     max_rows=st.integers(min_value=1, max_value=40),
 )
-def test_chunks_keep_every_row_in_order_and_stay_within_the_bound(
-    sizes: list[int], max_rows: int
+def test_chunks_keep_every_row_and_its_position_in_order_within_the_bound(
+    sizes: list[list[int]], max_rows: int
 ) -> None:
+    # Deployment i holds runs of the given sizes (input messages 0, 1, … of partition i).
     groups, ts = [], 0
-    for i, n in enumerate(sizes):
-        groups.append(("svc", f"m{i}", [row(ts + j) for j in range(n)]))
+    for i, runs in enumerate(sizes):
+        n = sum(runs)
+        groups.append(
+            (
+                "svc",
+                f"m{i}",
+                [row(ts + j) for j in range(n)],
+                [(i, o, 0, k) for o, k in enumerate(runs)],
+            )
+        )
         ts += n
     chunks = list(_chunks(groups, max_rows))
-    assert all(0 < sum(len(r) for _, _, r in c) <= max_rows for c in chunks)
-    # Every deployment's rows, in order, across the chunks.
-    flat: dict[str, list[tuple]] = {}
+    assert all(0 < sum(len(r) for _, _, r, _ in c) <= max_rows for c in chunks)
+    assert all(sum(len(r) for _, _, r, _ in c) == max_rows for c in chunks[:-1])
+    # Every deployment's rows in order, each with its (partition, offset, index).
+    rows: dict[str, list[tuple]] = {}
+    where: dict[str, list[tuple[int, int, int]]] = {}
     for c in chunks:
-        for _, model, rows in c:
-            assert rows
-            flat.setdefault(model, []).extend(rows)
-    assert flat == {m: r for _, m, r in groups}
-    # Only the last chunk may be short.
-    assert all(sum(len(r) for _, _, r in c) == max_rows for c in chunks[:-1])
+        for _, model, r, runs in c:
+            assert r and sum(k for *_, k in runs) == len(r)
+            rows.setdefault(model, []).extend(r)
+            where.setdefault(model, []).extend(
+                (p, o, first + j) for p, o, first, k in runs for j in range(k)
+            )
+    assert rows == {m: r for _, m, r, _ in groups}
+    assert where == {
+        m: [(p, o, j) for p, o, _, k in runs for j in range(k)] for _, m, _, runs in groups
+    }
 
 
 def test_messages_of_long_rows_are_halved_until_they_fit_the_byte_bound() -> None:
     long = "x" * 5_000  # an instance name far longer than usual
-    groups = [("svc", f"m{i}", [(*row(i)[:6], long, *row(i)[7:])]) for i in range(40)]
+    groups = [
+        ("svc", f"m{i}", [(*row(i)[:6], long, *row(i)[7:])], [(0, i, 0, 1)]) for i in range(40)
+    ]
     values = list(_messages(groups, max_rows=2_000, max_bytes=50_000))
     assert len(values) > 1
     assert all(len(v) <= 50_000 for v in values)
-    back = [g for v in values for g in _decode_message(v).groups]
-    assert back == groups  # every row once, in order
+    decoded = [_decode_message(v) for v in values]
+    back = [g for d in decoded for g in d.groups]
+    assert back == [(s, m, r) for s, m, r, _ in groups]  # every row once, in order
+    assert [run for d in decoded for runs in d.runs for run in runs] == [
+        (0, i, 0, 1) for i in range(40)
+    ]

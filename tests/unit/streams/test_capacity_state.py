@@ -187,16 +187,35 @@ def test_bytes_that_do_not_restore_are_refused_with_a_reason(decode: Any, data: 
 
 
 def test_core_state_saved_before_knee_confirmation_restores() -> None:
-    # A worker from before the knee's confirmation window wrote one field fewer.
+    # A worker from before the knee's confirmation window wrote two fields fewer
+    # (the knee's recent candidates, and the input marks that came after them).
     r = Replay()
     for e in scenario_events():
         r.feed(e)
     assert r.core.knee.published is not None
-    older = msgspec.msgpack.encode(msgspec.msgpack.decode(encode_core(r.core))[:-1])
+    older = msgspec.msgpack.encode(msgspec.msgpack.decode(encode_core(r.core))[:-2])
     back = decode_core(older, interval_ms=10_000, grace_ms=2_000, knee=KNEE_CFG, warmup_after=20)
     assert back.knee.published == r.core.knee.published
     assert list(back.knee.recent) == []
     assert [s.ts_ms for s in back.knee.samples] == [s.ts_ms for s in r.core.knee.samples]
+
+
+def test_input_marks_round_trip_and_older_state_restores_without_them() -> None:
+    r = Replay()
+    for e in scenario_events()[:500]:
+        r.feed(e)
+    r.core.applied = {0: (41, 2), 3: (7, 0)}
+    cfg: dict[str, Any] = {
+        "interval_ms": 10_000,
+        "grace_ms": 2_000,
+        "knee": KNEE_CFG,
+        "warmup_after": 20,
+    }
+    assert decode_core(encode_core(r.core), **cfg).applied == {0: (41, 2), 3: (7, 0)}
+    older = msgspec.msgpack.encode(msgspec.msgpack.decode(encode_core(r.core))[:-1])
+    back = decode_core(older, **cfg)
+    assert back.applied == {}
+    assert back.load.open == r.core.load.open and back.offset == r.core.offset
 
 
 def test_knee_candidates_round_trip_with_their_evidence() -> None:

@@ -28,7 +28,8 @@ as bytes of :mod:`tailguard.streams.capacity_state`::
 
 A message holds the rows of one ingest batch for the deployments of one
 partition (a deployment always hashes to the same one), grouped by deployment,
-at most 2,000 rows. Per message: each deployment in it is read from the table
+at most 2,000 rows (the wire format: :mod:`~tailguard.agents.capacity_rows`).
+Per message: each deployment in it is read from the table
 once (then kept in memory until the next partition assignment), its rows are
 applied, the records they produced are flushed, and then, per deployment, the
 records that changed are written — experts, indexes and the knee first, the
@@ -58,13 +59,24 @@ applied per input partition, and a row at or below it is skipped
 import asyncio
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import faust
 import msgspec
 from faust.types import TP
+from tailguard.agents.capacity_rows import (
+    MAX_BYTES,
+    MAX_ROWS,
+    Group,
+    Groups,
+    Row,
+    decode_message,
+    messages,
+    partition_of,
+    rows_by_deployment,
+)
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
@@ -114,36 +126,6 @@ CAPACITY_TABLE = "tailguard-capacity"
 _SEP = "\x1f"
 #: Holds published (besides scale_up/scale_down): a wanted action that a guard blocked.
 _BLOCKED = {"weights_resident", "cooldown"}
-
-# One compact row per request (positional, to keep the forwarded messages small).
-Row = tuple[
-    int, float, float | None, int, bool, bool, str, str, list[int], list[int], float | None, str
-]
-#: Rows per forwarded message at most (~120 bytes a row: ~240 kB), and bytes at
-#: most (a chunk of unusually long rows is halved until it fits; the broker and
-#: the consumers take 1 MiB).
-_MAX_ROWS = 2_000
-_MAX_BYTES = 900_000
-
-
-class _Groups(msgspec.Struct):
-    """One forwarded message: the rows of the deployments of one partition, by deployment.
-
-    One message per partition and ingest batch, not one per deployment: with
-    thousands of deployments a batch touched each with a row or two, and a
-    faust send and a dispatched message per deployment cost more than the rows.
-    """
-
-    groups: list[tuple[str, str, list[Row]]]
-    #: Per group, the input positions of its rows (:mod:`~tailguard.streams.input_marks`);
-    #: absent in messages of older forwarders.
-    runs: list[list[Run]] = []
-
-
-_encode = msgspec.json.Encoder().encode
-#: ``list[Row]``: a message of one deployment (named by its key) from a worker
-#: of before the grouped messages, still in the topic after an upgrade.
-_decode_message = msgspec.json.Decoder(_Groups | list[Row]).decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,94 +205,6 @@ class CapacityPlane:
 
 def _event_id(*parts: object) -> str:
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:32]
-
-
-def _row(ev: InferenceEvent) -> Row:
-    """The capacity agent's fields of one request.
-
-    On the ingest hot path (every event, before the SLI work): no copies and no
-    conversions — a decoded event's durations are floats already and its lists
-    are only encoded, never kept (a copy per list made this half the cost).
-    """
-    return (
-        ev.ts_ms,
-        ev.e2e_ms,
-        ev.ttft_ms,
-        ev.output_tokens or 0,
-        ev.status == "ok",
-        ev.warmup,
-        ev.instance or "",
-        ev.host or "",
-        ev.gpu_ids,
-        ev.expert_ids,
-        ev.rag_top1_similarity,
-        ev.rag_index or "default",
-    )
-
-
-def _partition(key: str, partitions: int) -> int:
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "big") % partitions
-
-
-#: A deployment's rows of one batch and their input positions.
-Group = tuple[str, str, list[Row], list[Run]]
-
-
-def _chunks(groups: list[Group], max_rows: int) -> Iterator[list[Group]]:
-    """``groups`` in messages of at most ``max_rows`` rows (a deployment's rows may
-    span two, in order: the later message has the higher offset; a run of rows
-    cut in two continues at its next row index)."""
-    chunk: list[Group] = []
-    room = max_rows
-    for service, model, rows, runs in groups:
-        pending = list(runs)
-        while rows:
-            take, rows = rows[:room], rows[room:]
-            taken: list[Run] = []
-            need = len(take)
-            while need and pending:
-                part, offset, first, count = pending[0]
-                used = min(count, need)
-                taken.append((part, offset, first, used))
-                need -= used
-                if used == count:
-                    pending.pop(0)
-                else:
-                    pending[0] = (part, offset, first + used, count - used)
-            chunk.append((service, model, take, taken))
-            room -= len(take)
-            if room == 0:
-                yield chunk
-                chunk, room = [], max_rows
-    if chunk:
-        yield chunk
-
-
-def _messages(groups: list[Group], max_rows: int, max_bytes: int) -> Iterator[bytes]:
-    """The encoded messages of ``groups``: chunks of ``max_rows`` rows, halved until
-    each is at most ``max_bytes`` (a single row is sent whatever its size)."""
-    for chunk in _chunks(groups, max_rows):
-        value = _encode(_Groups([(s, m, r) for s, m, r, _ in chunk], [p for *_, p in chunk]))
-        rows = sum(len(r) for _, _, r, _ in chunk)
-        if len(value) <= max_bytes or rows == 1:
-            yield value
-        else:
-            yield from _messages(chunk, (rows + 1) // 2, max_bytes)
-
-
-def _rows_by_deployment(
-    events: Sequence[InferenceEvent], positions: Sequence[tuple[int, int]]
-) -> dict[tuple[str, str], tuple[list[Row], list[Run]]]:
-    """Each deployment's rows, in input order, with their input positions as runs."""
-    out: dict[tuple[str, str], tuple[list[Row], list[Run]]] = {}
-    for ev, (part, offset) in zip(events, positions, strict=True):
-        rows, runs = out.setdefault((ev.service, ev.model), ([], []))
-        rows.append(_row(ev))
-        if runs and runs[-1][0] == part and runs[-1][1] == offset:
-            runs[-1] = (part, offset, 0, runs[-1][3] + 1)
-        else:
-            runs.append((part, offset, 0, 1))
-    return out
 
 
 def register_capacity(
@@ -421,11 +315,11 @@ def register_capacity(
         events: Sequence[InferenceEvent], positions: Sequence[tuple[int, int]]
     ) -> None:
         by_partition: dict[int, list[Group]] = {}
-        for (service, model), (rows, runs) in _rows_by_deployment(events, positions).items():
-            partition = _partition(f"{service}|{model}", settings.partitions)
+        for (service, model), (rows, runs) in rows_by_deployment(events, positions).items():
+            partition = partition_of(f"{service}|{model}", settings.partitions)
             by_partition.setdefault(partition, []).append((service, model, rows, runs))
         for partition, groups in by_partition.items():
-            for value in _messages(groups, _MAX_ROWS, _MAX_BYTES):
+            for value in messages(groups, MAX_ROWS, MAX_BYTES):
                 await internal.send(key=f"p{partition}".encode(), value=value, partition=partition)
 
     def gpu_state(dep: _Deployment) -> tuple[float | None, float | None, dict[str, Any]]:
@@ -586,13 +480,13 @@ def register_capacity(
     async def capacity(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
             try:
-                message = _decode_message(event.value)
+                message = decode_message(event.value)
             except msgspec.DecodeError as exc:  # written by our own forwarder: a bug
                 key = event.key or b""
                 app.log.error("tailguard: undecodable capacity rows on %r: %s", key, exc)
                 continue
             runs: list[list[Run]] = []
-            if isinstance(message, _Groups):
+            if isinstance(message, Groups):
                 groups, runs = message.groups, message.runs
             else:
                 service, _, model = (event.key or b"").decode().partition("|")

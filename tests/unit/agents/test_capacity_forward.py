@@ -5,13 +5,13 @@ from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
-from tailguard.agents.capacity import (
-    _chunks,
-    _decode_message,
-    _encode,
-    _Groups,
-    _messages,
-    _rows_by_deployment,
+from tailguard.agents.capacity_rows import (
+    Groups,
+    chunks,
+    decode_message,
+    encode,
+    messages,
+    rows_by_deployment,
 )
 from tailguard.schemas import InferenceEvent
 
@@ -23,17 +23,17 @@ def row(ts: int) -> tuple:
 def test_a_grouped_message_round_trips_with_its_input_positions() -> None:
     groups = [("chat", "llama", [row(1), row(2)]), ("chat", "qwen", [row(3)])]
     runs = [[(0, 17, 0, 2)], [(1, 4, 0, 1)]]
-    back = _decode_message(_encode(_Groups(groups, runs)))
-    assert isinstance(back, _Groups)
+    back = decode_message(encode(Groups(groups, runs)))
+    assert isinstance(back, Groups)
     assert back.groups == groups and back.runs == runs
 
 
 def test_messages_of_older_forwarders_still_decode() -> None:
     # Before input positions, a grouped message had no runs; before grouping, a
     # message held one deployment's rows (named by its key).
-    grouped = _decode_message(_encode({"groups": [("chat", "llama", [row(1)])]}))
-    assert isinstance(grouped, _Groups) and grouped.runs == []
-    assert _decode_message(_encode([row(1), row(2)])) == [row(1), row(2)]
+    grouped = decode_message(encode({"groups": [("chat", "llama", [row(1)])]}))
+    assert isinstance(grouped, Groups) and grouped.runs == []
+    assert decode_message(encode([row(1), row(2)])) == [row(1), row(2)]
 
 
 def event(i: int, model: str) -> InferenceEvent:
@@ -53,7 +53,7 @@ def test_each_deployments_rows_carry_runs_of_their_input_messages() -> None:
     models = ["a", "b", "a", "a", "b", "a"]
     positions = [(0, 10), (0, 10), (0, 10), (0, 11), (0, 11), (3, 5)]
     events = [event(i, m) for i, m in enumerate(models)]
-    by = _rows_by_deployment(events, positions)
+    by = rows_by_deployment(events, positions)
     assert [r[0] for r in by[("chat", "a")][0]] == [events[i].ts_ms for i in (0, 2, 3, 5)]
     assert by[("chat", "a")][1] == [(0, 10, 0, 2), (0, 11, 0, 1), (3, 5, 0, 1)]
     assert by[("chat", "b")][1] == [(0, 10, 0, 1), (0, 11, 0, 1)]
@@ -79,13 +79,13 @@ def test_chunks_keep_every_row_and_its_position_in_order_within_the_bound(
             )
         )
         ts += n
-    chunks = list(_chunks(groups, max_rows))
-    assert all(0 < sum(len(r) for _, _, r, _ in c) <= max_rows for c in chunks)
-    assert all(sum(len(r) for _, _, r, _ in c) == max_rows for c in chunks[:-1])
+    cut = list(chunks(groups, max_rows))
+    assert all(0 < sum(len(r) for _, _, r, _ in c) <= max_rows for c in cut)
+    assert all(sum(len(r) for _, _, r, _ in c) == max_rows for c in cut[:-1])
     # Every deployment's rows in order, each with its (partition, offset, index).
     rows: dict[str, list[tuple]] = {}
     where: dict[str, list[tuple[int, int, int]]] = {}
-    for c in chunks:
+    for c in cut:
         for _, model, r, runs in c:
             assert r and sum(k for *_, k in runs) == len(r)
             rows.setdefault(model, []).extend(r)
@@ -103,10 +103,10 @@ def test_messages_of_long_rows_are_halved_until_they_fit_the_byte_bound() -> Non
     groups = [
         ("svc", f"m{i}", [(*row(i)[:6], long, *row(i)[7:])], [(0, i, 0, 1)]) for i in range(40)
     ]
-    values = list(_messages(groups, max_rows=2_000, max_bytes=50_000))
+    values = list(messages(groups, max_rows=2_000, max_bytes=50_000))
     assert len(values) > 1
     assert all(len(v) <= 50_000 for v in values)
-    decoded = [_decode_message(v) for v in values]
+    decoded = [decode_message(v) for v in values]
     back = [g for d in decoded for g in d.groups]
     assert back == [(s, m, r) for s, m, r, _ in groups]  # every row once, in order
     assert [run for d in decoded for runs in d.runs for run in runs] == [

@@ -72,8 +72,9 @@ _MAX_GPUS_PER_SERIES = 64
 #: Series remembered as fed through the forward path (forgotten all at once past it).
 _MAX_FORWARDED_SERIES = 200_000
 #: Windows summarised together at a close: enough to share the percentile pass,
-#: few enough that their merged buckets are little memory (~6 KB each).
-_SUMMARY_CHUNK = 512
+#: few enough that their merged buckets are little memory (~6 KB each for the
+#: benchmark's series; 64 MB at worst, every window at the exact-read limit).
+_SUMMARY_CHUNK = 256
 
 
 def final_cadence_ms(window: str) -> int:

@@ -34,7 +34,14 @@ from tailguard.agents.state import CachedSeries
 from tailguard.streams import WINDOWS, Bucket
 from tailguard.streams.attribution import STAGE_PREFIX, rank_causes, stage_increases
 from tailguard.streams.breach import BreachPolicy, BreachState, Transition, advance
-from tailguard.streams.burn import BurnPolicy, SloSpec, applicable, evaluate, window_counters
+from tailguard.streams.burn import (
+    BurnPolicy,
+    SloSpec,
+    applicable,
+    evaluate,
+    fires,
+    window_counters,
+)
 from tailguard.streams.prompt_evidence import rank_prompts
 from tailguard.streams.silent import (
     KIND as SILENT_KIND,
@@ -221,10 +228,14 @@ class BreachEngine:
         if not specs:
             return []
         counters = window_counters(cached.state, self.burn, end_ms)
+        watched = self.telemetry is not None and self.telemetry.watches(key)
         out: list[Transition] = []
         for spec in specs:
             skey = f"{key}{_SEP}{spec.name}".encode()
             raw = self._read(skey, cached.partition)
+            if raw is None and not watched and not fires(spec, self.burn, counters):
+                # Quiet, no breach state, not on /metrics: no verdict is read.
+                continue
             state = (
                 BreachState.from_bytes(raw, key=skey)
                 if raw is not None

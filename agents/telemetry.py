@@ -155,6 +155,11 @@ class Telemetry:
 
     # ------------------------------------------------------------------ feeding
 
+    def watches(self, key: str) -> bool:
+        """Whether what a series does now reaches ``/metrics`` (it is shown, or
+        there is room to show it)."""
+        return key in self._series or len(self._series) < self.max_series
+
     def _entry(self, key: str, series: Series | None = None) -> _SeriesEntry | None:
         entry = self._series.get(key)
         if entry is None:

@@ -107,6 +107,7 @@ __all__ = [
     "burn_rate",
     "eligible_requests",
     "evaluate",
+    "fires",
     "goodput_rps",
     "thresholds_for",
     "time_to_detect_ms",
@@ -587,6 +588,32 @@ def evaluate(
         budget_remaining=budget_remaining,
         budget_window=budget_name,
     )
+
+
+def fires(spec: SloSpec, policy: BurnPolicy, counters_by_window: Mapping[str, Counters]) -> bool:
+    """Whether :func:`evaluate` would give a severity (a rule fires and passes the
+    traffic gate), without building its verdict.
+
+    Most series are quiet at most closes; where nobody reads the verdict (no
+    open breach, not on ``/metrics``) this is all the close needs to know.
+    ``counters_by_window`` as for :func:`evaluate`.
+    """
+    allowed = _allowed_bad(spec.target)
+
+    def rate(name: str) -> float:
+        bad, total = bad_and_total(spec, counters_by_window[name])
+        return (bad / total) / allowed if total > 0 else 0.0
+
+    for rule in policy.rules:
+        threshold = policy.threshold(rule, spec)
+        if not (_exceeds(rate(rule.short), threshold) and _exceeds(rate(rule.long), threshold)):
+            continue
+        if (
+            eligible_requests(spec, counters_by_window[rule.long]) >= policy.min_long_events
+            and eligible_requests(spec, counters_by_window[rule.short]) >= policy.min_short_events
+        ):
+            return True
+    return False
 
 
 def window_counters(

@@ -20,6 +20,7 @@ from tailguard.streams.burn import (
     burn_rate,
     eligible_requests,
     evaluate,
+    fires,
     goodput_rps,
     thresholds_for,
     time_to_detect_ms,
@@ -524,3 +525,40 @@ def test_thresholds_for_refuse_two_slos_that_disagree_and_name_both() -> None:
     guardrail = SloSpec(name="ttft-p95", sli="ttft_ms", target=0.95, ttft_ms=300.0)
     with pytest.raises(ConfigError, match=r"'ttft-p99' and 'ttft-p95'.*ttft_ms 800 and 300"):
         thresholds_for([TTFT, guardrail])
+
+
+window_counts = st.builds(
+    lambda total, bad, errors, cancelled: Counters(
+        requests=total + errors + cancelled,
+        errors=errors,
+        cancelled=cancelled,
+        ttft_total=total,
+        ttft_good=total - min(bad, total),
+        itl_total=2 * total,
+        itl_good=2 * total - min(bad, total),
+        good_requests=total - min(bad, total),
+    ),
+    st.integers(0, 2_000),
+    st.integers(0, 2_000),
+    st.integers(0, 50),
+    st.integers(0, 50),
+)
+
+
+@given(
+    counters=st.fixed_dictionaries({name: window_counts for name in ALL_WINDOWS}),
+    spec=st.sampled_from([TTFT, SUCCESS, COMPOSITE]),
+)
+def test_fires_says_whether_the_evaluation_has_a_severity(
+    counters: dict[str, Counters], spec: SloSpec
+) -> None:
+    # The close skips building a verdict when nothing fires: the two must agree.
+    policy = BurnPolicy()
+    assert fires(spec, policy, counters) == (evaluate(spec, policy, counters).severity is not None)
+
+
+def test_fires_on_a_paging_burn_and_not_on_a_gated_one() -> None:
+    burning = windows_of(**{"1h": ttft_counters(150, 1_000), "5m": ttft_counters(20, 100)})
+    assert fires(TTFT, BurnPolicy(), burning)
+    few = windows_of(**{"1h": ttft_counters(15, 99), "5m": ttft_counters(5, 9)})
+    assert evaluate(TTFT, BurnPolicy(), few).gated and not fires(TTFT, BurnPolicy(), few)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The gateway bench (bench/gateway.py) with a real Kafka broker, on a machine
-# that can fetch nothing: the device machine some tasks are lent. Prepared here
-# by infra/device/pack.sh; run there from the repo root with the device tool:
+# that can fetch nothing (the 16-core, one-H200 benchmark machine). Prepared
+# here by infra/device/pack.sh; run there from the repo root, with .devkafka/
+# and .devwheels/ copied beside the checkout:
 #
-#   run  command: bash infra/device/gateway-bench.sh   carry: [".devkafka", ".devwheels"]
+#   bash infra/device/gateway-bench.sh
 #
 # It installs the carried wheels into /tmp/pp, lays tailguard out there as the
 # installed package (tailguard.streams ← streams/, …; the repo root on

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Pack what a gateway bench with a real Kafka broker needs on a machine that
-# can fetch nothing (the GPU machine some tasks are lent: 16 cores, Python 3.12,
+# can fetch nothing (the GPU benchmark machine: 16 cores, one H200, Python 3.12,
 # no Java): a jlink'd Java 17 runtime, the broker's jars, and cp312 wheels of
 # the Python packages that machine lacks. Run here, once, from the repo root:
 #
 #   infra/kafka/kafka.sh up          # resolves the jars (first time)
 #   infra/device/pack.sh             # → .devkafka/, .devwheels/ (git-ignored)
 #
-# then, with the device tool: run `bash infra/device/gateway-bench.sh`,
-# carrying [".devkafka", ".devwheels"]. Everything together stays under the
-# 64 MiB a device call may carry (~50 MiB): the runtime is trimmed to the
+# then, on the benchmark machine: `bash infra/device/gateway-bench.sh`, with
+# .devkafka/ and .devwheels/ copied beside the checkout. Everything together stays
+# under the 64 MiB that may be copied there (~50 MiB): the runtime is trimmed to the
 # modules the broker loads (java.desktop only for log4j's java.beans), the jars
 # to their linux/amd64 natives, and both are xz-compressed with the jars stored
 # uncompressed first (xz over class files beats zip's deflate by 2.3×).

@@ -81,12 +81,12 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from typing import Literal
 
 from tailguard.streams.bucket import Counters
 from tailguard.streams.errors import ConfigError
 from tailguard.streams.ring import SeriesWindows
+from tailguard.streams.selector import Selector
 from tailguard.streams.sli import Thresholds
 
 __all__ = [
@@ -147,44 +147,6 @@ def window_ms(name: str) -> int:
 
 
 # ------------------------------------------------------------------ the SLO
-
-
-@dataclass(frozen=True, slots=True)
-class Selector:
-    """Which series an SLO applies to: shell-style globs (``*``, ``?``, ``[ab]``) per label.
-
-    A series matches when each of its labels matches at least one pattern of
-    that label. The default matches every series.
-    """
-
-    service: tuple[str, ...] = ("*",)
-    model: tuple[str, ...] = ("*",)
-    variant: tuple[str, ...] = ("*",)
-    tenant: tuple[str, ...] = ("*",)
-
-    def __post_init__(self) -> None:
-        for name in ("service", "model", "variant", "tenant"):
-            patterns = getattr(self, name)
-            if not isinstance(patterns, tuple) or not patterns:
-                msg = f"selector {name} must be a non-empty tuple of patterns, got {patterns!r}"
-                raise ConfigError(msg)
-            for pattern in patterns:
-                if not isinstance(pattern, str) or not pattern:
-                    msg = f"selector {name} pattern must be a non-empty string, got {pattern!r}"
-                    raise ConfigError(msg)
-
-    def matches(
-        self, service: str, model: str, variant: str = "default", tenant: str = "default"
-    ) -> bool:
-        return all(
-            any(fnmatchcase(value, p) for p in patterns)
-            for value, patterns in (
-                (service, self.service),
-                (model, self.model),
-                (variant, self.variant),
-                (tenant, self.tenant),
-            )
-        )
 
 
 @dataclass(frozen=True, slots=True)

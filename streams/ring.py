@@ -566,7 +566,9 @@ class SeriesWindows:
         if cached is None:
             if len(self._closed_cache) >= 32:
                 self._closed_cache.clear()
-            cached = self._closed_cache[key] = Bucket.combine(closed, mc, exact)
+            # A closed bucket no longer changes: alone, it is its own window.
+            merged = closed[0] if len(closed) == 1 else Bucket.combine(closed, mc, exact)
+            cached = self._closed_cache[key] = merged
         return Bucket.combine([cached, *live], mc, exact) if live else cached
 
     def release_window_cache(self) -> None:

@@ -71,34 +71,29 @@ def summarize_many(
     percentiles of all of them are computed together (:func:`quantiles_many`).
     """
     qs = list(PERCENTILES.values())
+    names = tuple(PERCENTILES)
     # Every (window, metric or stage) with values, then all their percentiles at once.
-    cells: list[tuple[int, str]] = []
+    counts: list[dict[str, int]] = []
     sketches: list[Sketch] = []
-    for w, (bucket, _, _) in enumerate(windows):
-        for name, sketch in bucket.digests.items():
-            if sketch.n_values:
-                cells.append((w, name))
-                sketches.append(sketch)
-    found: dict[tuple[int, str], list[float]] = dict(
-        zip(cells, quantiles_many(sketches, qs), strict=True)
-    )
-    none = [None] * len(qs)
+    for bucket, _, _ in windows:
+        n_of = {name: sketch.n_values for name, sketch in bucket.digests.items()}
+        counts.append(n_of)
+        sketches.extend(sketch for name, sketch in bucket.digests.items() if n_of[name])
+    found = iter(quantiles_many(sketches, qs))
+    empty = dict.fromkeys(names)
     out = []
-    for w, (bucket, window_ms, thresholds) in enumerate(windows):
-        latency: dict[str, dict[str, float | int | None]] = {}
-        for metric in METRICS:
-            sketch = bucket.digests.get(metric)
-            row: dict[str, float | int | None] = {
-                "count": sketch.n_values if sketch is not None else 0
-            }
-            row.update(zip(PERCENTILES, found.get((w, metric), none), strict=True))
-            latency[metric] = row
-        stages: dict[str, dict[str, float | int | None]] = {}
-        for name in sorted(bucket.digests):
-            if name.startswith(STAGE_PREFIX):
-                row = {"count": bucket.digests[name].n_values}
-                row.update(zip(PERCENTILES, found.get((w, name), none), strict=True))
-                stages[name[len(STAGE_PREFIX) :]] = row
+    for n_of, (bucket, window_ms, thresholds) in zip(counts, windows, strict=True):
+        # Percentiles in the order the sketches were listed above.
+        rows = {
+            name: {"count": n, **(dict(zip(names, next(found))) if n else empty)}
+            for name, n in n_of.items()
+        }
+        latency = {m: rows.get(m) or {"count": 0, **empty} for m in METRICS}
+        stages = {
+            name[len(STAGE_PREFIX) :]: rows[name]
+            for name in sorted(rows)
+            if name.startswith(STAGE_PREFIX)
+        }
         out.append(_summary(bucket, window_ms, thresholds, latency, stages, with_digests))
     return out
 

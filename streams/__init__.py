@@ -2,9 +2,10 @@
 
 from tailguard.streams.bucket import METRICS, Bucket, Counters
 from tailguard.streams.errors import ConfigError, CorruptStateError, StreamsError
-from tailguard.streams.ring import WINDOWS, AddResult, Changes, RingConfig, SeriesWindows
 from tailguard.streams.sli import LatencyEvent, Thresholds
 from tailguard.streams.summary import PERCENTILES, WindowSummary, summarize, summarize_many
+from tailguard.streams.window_config import WINDOWS, AddResult, Changes, RingConfig
+from tailguard.streams.windows import SeriesWindows
 
 __all__ = [
     "METRICS",

@@ -85,7 +85,7 @@ from typing import Literal
 
 from tailguard.streams.bucket import Counters
 from tailguard.streams.errors import ConfigError
-from tailguard.streams.ring import SeriesWindows
+from tailguard.streams.ring import SeriesRing
 from tailguard.streams.selector import Selector
 from tailguard.streams.sli import Thresholds
 
@@ -579,7 +579,7 @@ def fires(spec: SloSpec, policy: BurnPolicy, counters_by_window: Mapping[str, Co
 
 
 def window_counters(
-    series: SeriesWindows, policy: BurnPolicy, end_ms: int | None = None
+    series: SeriesRing, policy: BurnPolicy, end_ms: int | None = None
 ) -> dict[str, Counters]:
     """Counters of every window ``policy`` reads, all ending at ``end_ms``.
 

@@ -9,10 +9,10 @@ the per-request work once for the whole batch — watermarks, lateness,
 bucket assignment, counters, digest inputs, exemplar candidates — and
 leaves Python loops only per touched bucket.
 
-It gives exactly what :meth:`SeriesWindows.add_columns` gives series by
+It gives exactly what :meth:`~tailguard.streams.windows.SeriesWindows.add_columns` gives series by
 series (a property test compares the bytes): a series whose input might be a
 replay, or that has restored buckets waiting to be refilled, is handed to
-the request-by-request path (``SeriesWindows._add_replay``) instead.
+the request-by-request path (:func:`~tailguard.streams.replay.add_replay`) instead.
 """
 
 from collections.abc import Callable, Sequence
@@ -28,7 +28,9 @@ from tailguard.streams.bucket import (
 )
 from tailguard.streams.columns import ERROR_CODES, Columns
 from tailguard.streams.digest import Sketch
-from tailguard.streams.ring import FINE, AddResult, SeriesWindows
+from tailguard.streams.replay import add_replay
+from tailguard.streams.ring import SeriesRing
+from tailguard.streams.window_config import FINE, AddResult
 
 __all__ = ["fold_many"]
 
@@ -82,7 +84,7 @@ def _segmented_prior_max(ts: np.ndarray, g: np.ndarray, floor: np.ndarray) -> np
 
 
 def fold_many(
-    states: Sequence[SeriesWindows],
+    states: Sequence[SeriesRing],
     cols: Columns,
     bounds: np.ndarray,
     on_close: Sequence[Callable[[int], None] | None] | None = None,
@@ -115,7 +117,7 @@ def fold_many(
     for gi in np.flatnonzero(~fresh).tolist():
         a, b = int(bounds[gi]), int(bounds[gi + 1])
         if b > a:
-            results[gi] = states[gi]._add_replay(cols.slice(a, b), closers[gi])
+            results[gi] = add_replay(states[gi], cols.slice(a, b), closers[gi])
     rows = np.flatnonzero(fresh[g_all])
     if rows.size == 0:
         return results
@@ -142,7 +144,7 @@ def fold_many(
         offset = cols.offset[rows]
         if late.any():
             # Watermark met by each message with a late request: a replay is
-            # judged against it (SeriesWindows._add_replay). Without a note a
+            # judged against it (replay.add_replay). Without a note a
             # replay is judged against its own requests only, which re-admits
             # exactly what was admitted unless one was late the first time.
             # Rare, so a Python loop.
@@ -253,7 +255,7 @@ def fold_many(
 
 
 def _absorb_all(
-    states: Sequence[SeriesWindows],
+    states: Sequence[SeriesRing],
     buckets: list[Bucket],
     cols: Columns,
     src: np.ndarray,

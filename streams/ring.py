@@ -33,116 +33,23 @@ per bucket, so that a batch rewrites only the buckets it touched
 """
 
 import heapq
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from typing import Self
 
 import msgspec
 import numpy as np
 from tailguard.streams.bucket import Bucket, Counters
 from tailguard.streams.columns import Columns
-from tailguard.streams.digest import (
-    COARSE_MAX_CENTROIDS,
-    DEFAULT_MAX_CENTROIDS,
-    READ_EXACT_LIMIT,
-)
-from tailguard.streams.errors import ConfigError, CorruptStateError
-from tailguard.streams.sli import LatencyEvent, Thresholds
+from tailguard.streams.digest import READ_EXACT_LIMIT
+from tailguard.streams.errors import CorruptStateError
+from tailguard.streams.sli import Thresholds
+from tailguard.streams.window_config import COARSE, FINE, WM_HISTORY, Changes, RingConfig
 
-__all__ = [
-    "COARSE",
-    "FINE",
-    "WINDOWS",
-    "AddResult",
-    "Changes",
-    "RingConfig",
-    "SeriesWindows",
-]
+__all__ = ["SeriesRing"]
 
-FINE = "m"
-COARSE = "h"
-#: Input messages per series whose starting watermark is remembered (only
-#: messages processed since the last consumer commit can be replayed).
-_WM_HISTORY = 256
-#: Stands for "no watermark yet" in int64 arrays.
-_NO_WATERMARK = np.iinfo(np.int64).min
 _STALE = object()
 #: Watermark that never triggers housekeeping (nothing is held).
 _NEVER = np.iinfo(np.int64).max
-
-#: The sliding windows of SPEC.md §3.1, in milliseconds.
-WINDOWS: dict[str, int] = {
-    "1m": 60_000,
-    "5m": 300_000,
-    "30m": 1_800_000,
-    "1h": 3_600_000,
-    "6h": 21_600_000,
-    "1d": 86_400_000,
-    "3d": 259_200_000,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class RingConfig:
-    """Bucket widths, retention and lateness. Validated on construction."""
-
-    bucket_ms: int = 60_000
-    rollup_ms: int = 3_600_000
-    fine_retention_ms: int = 7_200_000
-    retention_ms: int = 3 * 86_400_000 + 3_600_000
-    allowed_lateness_ms: int = 120_000
-    max_centroids: int = DEFAULT_MAX_CENTROIDS
-    coarse_max_centroids: int = COARSE_MAX_CENTROIDS
-
-    def __post_init__(self) -> None:
-        if self.bucket_ms <= 0 or self.rollup_ms <= 0 or self.rollup_ms % self.bucket_ms:
-            msg = (
-                f"rollup_ms ({self.rollup_ms}) must be a positive multiple of "
-                f"bucket_ms ({self.bucket_ms})"
-            )
-            raise ConfigError(msg)
-        if self.allowed_lateness_ms < 0:
-            msg = f"allowed_lateness_ms must be ≥ 0, got {self.allowed_lateness_ms}"
-            raise ConfigError(msg)
-        need = self.rollup_ms + self.bucket_ms + self.allowed_lateness_ms
-        if self.fine_retention_ms < need:
-            msg = (
-                f"fine_retention_ms ({self.fine_retention_ms}) must cover a roll-up period plus "
-                f"lateness (≥ {need}) or minute buckets vanish before they are rolled up"
-            )
-            raise ConfigError(msg)
-        if self.retention_ms < self.fine_retention_ms:
-            msg = (
-                f"retention_ms ({self.retention_ms}) must be ≥ "
-                f"fine_retention_ms ({self.fine_retention_ms})"
-            )
-            raise ConfigError(msg)
-        for name in ("max_centroids", "coarse_max_centroids"):
-            value = getattr(self, name)
-            if not 20 <= value <= 10_000:
-                msg = f"{name} must be in 20..10000, got {value}"
-                raise ConfigError(msg)
-
-
-@dataclass(slots=True)
-class AddResult:
-    """What one :meth:`SeriesWindows.add` did."""
-
-    accepted: int = 0
-    late: int = 0
-    duplicates: int = 0
-    #: Events skipped because their bucket already holds their input position.
-    replayed: int = 0
-    #: End times of the minute buckets that closed during this call, oldest first.
-    closed_ends: list[int] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class Changes:
-    """What to write to the state store after a batch."""
-
-    upserts: dict[tuple[str, int], bytes]
-    deletes: list[tuple[str, int]]
-    meta: bytes
 
 
 class _Meta(msgspec.Struct, array_like=True):
@@ -156,8 +63,10 @@ class _Meta(msgspec.Struct, array_like=True):
     wm_before: list[tuple[int, int, int | None]] = []
 
 
-class SeriesWindows:
-    """Sliding-window state of one series (see the module docstring)."""
+class SeriesRing:
+    """Sliding-window state of one series (see the module docstring): its buckets,
+    watermark and tallies, what closes and what a window reads. Events go in
+    through :class:`~tailguard.streams.windows.SeriesWindows`."""
 
     def __init__(self, config: RingConfig | None = None, thresholds: Thresholds | None = None):
         self.config = config or RingConfig()
@@ -185,44 +94,6 @@ class SeriesWindows:
         self._applied_floor: dict[int, int] = {}
         #: Cached :meth:`_due` (``_STALE``: recompute).
         self._due_ms: int | object | None = _STALE
-
-    # ------------------------------------------------------------------ ingest
-    def add(
-        self,
-        events: Sequence[LatencyEvent],
-        positions: Sequence[tuple[int, int]] | None = None,
-        on_close: Callable[[int], None] | None = None,
-    ) -> AddResult:
-        """Fold a batch of event objects in; see :meth:`add_columns`."""
-        return self.add_columns(Columns.from_events(events, positions), on_close)
-
-    def add_columns(
-        self, cols: Columns, on_close: Callable[[int], None] | None = None
-    ) -> AddResult:
-        """Fold a batch of requests in, in order; returns counts and closed buckets.
-
-        Each request is judged against the watermark as it stands when it
-        arrives, so the outcome does not depend on how the input was batched.
-
-        ``cols.part`` / ``cols.offset`` are the input position of the message
-        each request came in (−1: unknown, no replay protection). All requests
-        of one input message must arrive in the same call. A bucket that
-        already holds an input position skips that position's requests
-        (``replayed``): re-delivering input after a crash never counts a
-        request twice.
-
-        Buckets close as the watermark passes them; ``on_close(end)`` runs for
-        each, oldest first, before roll-up and pruning (see :meth:`_advance`).
-
-        Fresh input (the common case) takes a vectorised path; a replay after
-        a crash, or restored buckets waiting to be refilled, take the
-        request-by-request path. Both give the same result.
-        """
-        if len(cols) == 0:
-            return AddResult()
-        from tailguard.streams.fold import fold_many  # fold imports this module
-
-        return fold_many([self], cols, [0, len(cols)], [on_close])[0]
 
     def _is_fresh(self, cols: Columns) -> bool:
         """No request of ``cols`` can be a replay, and no bucket awaits a refill."""
@@ -283,148 +154,8 @@ class SeriesWindows:
 
     def _trim_history(self) -> None:
         history = self._wm_before
-        while len(history) > _WM_HISTORY:
+        while len(history) > WM_HISTORY:
             del history[next(iter(history))]
-
-    def _add_replay(self, cols: Columns, on_close: Callable[[int], None] | None) -> AddResult:
-        """Request by request: replays judged against the watermark they first met."""
-        cfg = self.config
-        width = cfg.bucket_ms
-        lateness = cfg.allowed_lateness_ms
-        result = AddResult()
-        accs: dict[int, list[int]] = {}
-        wm = self.watermark_ms  # what the watermark becomes
-        judge = wm  # what the current request's lateness is judged against
-        seen: dict[int, dict[int, int]] = {}
-        counted = self._counted
-        history = self._wm_before
-        newest: dict[int, int] = {}
-        current: tuple[int, int] | None = None
-        with_positions = bool(cols.part[0] >= 0)
-        tally = True  # count late/duplicate, unless this position was counted before
-        met: int | None = wm  # watermark the current input message met
-        part = offset = -1
-        next_close = self._next_close()
-        parts = cols.part.tolist()
-        offsets = cols.offset.tolist()
-        hashes = cols.ids.tolist()
-        for i, ts in enumerate(cols.ts.tolist()):
-            start = ts - ts % width
-            bucket = self.fine.get(start)
-            folded_before = False
-            if with_positions:
-                if (parts[i], offsets[i]) != current:
-                    current = (parts[i], offsets[i])
-                    part, offset = current
-                    if offset > newest.get(part, -1):
-                        newest[part] = offset
-                    tally = offset > counted.get(part, -1)
-                    if tally:
-                        # Remembered only if one of its requests turns out late: a
-                        # replay judged without it re-admits exactly what was admitted.
-                        met = wm
-                        judge = wm
-                    else:
-                        # A replay: judge it against the watermark it first met, not
-                        # one its own later requests (or later messages) advanced. Older
-                        # than the remembered history: no lateness check at all —
-                        # dropping a replayed request silently would lose it for good,
-                        # while re-admitting one that was late the first time is rare.
-                        judge = history.get(current)
-                if bucket is not None and offset <= bucket.applied.get(part, -1):
-                    # Folded in before (accepted or a duplicate), so it moved the
-                    # watermark then: it must move it now too (a meta restored
-                    # older than this bucket has a watermark from before it).
-                    result.replayed += 1
-                    folded_before = True
-            if not folded_before:
-                # No exemption for a bucket awaiting a refill: a replay is judged against
-                # the watermark its message first met, so it re-admits exactly what the
-                # first pass admitted, and a request late the first time stays late.
-                if judge is not None and start + width + lateness <= judge:
-                    if tally:
-                        result.late += 1
-                        if with_positions and current not in history:
-                            history[current] = met
-                    continue
-                if bucket is None:
-                    bucket = self._new_fine(start)
-                    closes = start + width + lateness
-                    if next_close is None or closes < next_close:
-                        next_close = closes
-                if with_positions:
-                    marks = seen.setdefault(start, {})
-                    if offset > marks.get(part, -1):
-                        marks[part] = offset
-                ids = bucket.ids
-                h = hashes[i]
-                if ids is not None and h in ids:
-                    # A duplicate is not counted, but like every request that is
-                    # not late it moves the watermark (as in the vectorised path).
-                    if tally:
-                        result.duplicates += 1
-                else:
-                    if ids is not None:
-                        ids.add(h)
-                    accs.setdefault(start, []).append(i)
-                    result.accepted += 1
-            if wm is None or ts > wm:
-                wm = ts
-                if next_close is not None and wm >= next_close:
-                    self._fold(cols, accs, None)
-                    self.watermark_ms = wm
-                    result.closed_ends.extend(self._advance(wm, on_close))
-                    self._clear_refill()
-                    next_close = self._next_close()
-            if judge is None or ts > judge:
-                judge = ts
-        for p, o in newest.items():
-            if o > counted.get(p, -1):
-                counted[p] = o
-        while len(history) > _WM_HISTORY:
-            del history[next(iter(history))]
-        self._fold(cols, accs, seen)
-        self.late += result.late
-        self.duplicates += result.duplicates
-        if wm is not None and wm != self.watermark_ms:
-            self.watermark_ms = wm
-            result.closed_ends.extend(self._advance(wm, on_close))
-            self._clear_refill()
-        elif wm is not None and result.accepted:
-            # A replay may recreate buckets the watermark has already closed or
-            # pruned: settle them exactly as the first pass did.
-            result.closed_ends.extend(self._advance(wm, on_close))
-        return result
-
-    def _fold(
-        self,
-        cols: Columns,
-        accs: dict[int, list[int]],
-        seen: dict[int, dict[int, int]] | None,
-    ) -> None:
-        """Fold gathered requests (and, at the end of a call, input positions) into buckets.
-
-        Positions are marked only once the whole call is in: marking a bucket
-        mid-call would make the rest of the same input message look replayed.
-        """
-        cfg = self.config
-        for start, marks in (seen or {}).items():
-            bucket = self.fine.get(start)
-            if bucket is not None:  # pruned meanwhile: nothing left to protect
-                bucket.applied.update(marks)
-                self._touch(FINE, start)
-        for start, index in accs.items():
-            bucket = self.fine[start]
-            if bucket.ids is None:
-                # A replay refilling a closed bucket: merged closed parts are stale.
-                self._closed_cache.clear()
-            bucket.absorb(
-                cols, np.asarray(index, dtype=np.int64), cfg.max_centroids, self.thresholds
-            )
-            self._touch(FINE, start)
-        accs.clear()
-        if seen is not None:
-            seen.clear()
 
     def _clear_refill(self) -> None:
         # New input has arrived: replay of what was lost is over.
@@ -630,7 +361,7 @@ class SeriesWindows:
         load: Callable[[str, int], bytes | None],
         config: RingConfig | None = None,
         thresholds: Thresholds | None = None,
-    ) -> "SeriesWindows":
+    ) -> "Self":
         """Rebuild from :meth:`meta_bytes` and the stored buckets (``load(tier, start)``).
 
         A bucket listed in the meta but absent from the store (its record was

@@ -85,7 +85,7 @@ def summarize_many(
     for n_of, (bucket, window_ms, thresholds) in zip(counts, windows, strict=True):
         # Percentiles in the order the sketches were listed above.
         rows = {
-            name: {"count": n, **(dict(zip(names, next(found))) if n else empty)}
+            name: {"count": n, **(dict(zip(names, next(found), strict=True)) if n else empty)}
             for name, n in n_of.items()
         }
         latency = {m: rows.get(m) or {"count": 0, **empty} for m in METRICS}

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from tailguard.streams import WINDOWS, CorruptStateError, RingConfig, SeriesWindows, summarize
 from tailguard.streams.bucket import Bucket
+from tailguard.streams.replay import add_replay
 
 SECOND_MS = 1_000
 MINUTE_MS = 60_000
@@ -541,7 +542,7 @@ def test_both_paths_judge_lateness_alike_after_a_duplicate(make_event: Any) -> N
         cols = Columns.from_events(batch, [(0, 0)] * 3)
         fast, slow = SeriesWindows(odd), SeriesWindows(odd)
         a = fast.add_columns(cols)
-        b = slow._add_replay(cols, None)
+        b = add_replay(slow, cols, None)
         assert (a.accepted, a.late, a.duplicates) == (b.accepted, b.late, b.duplicates), older
         assert fast.watermark_ms == slow.watermark_ms
 

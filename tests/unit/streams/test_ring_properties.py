@@ -13,6 +13,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tailguard.streams import AddResult, RingConfig, SeriesWindows
+from tailguard.streams.replay import add_replay
 
 SMALL = RingConfig(
     bucket_ms=1_000,
@@ -326,7 +327,7 @@ def test_vectorised_path_equals_the_request_by_request_path_byte_for_byte(
         cols = Columns.from_events(batch, [(0, offset)] * len(batch))
         assert not batch or fast._is_fresh(cols)
         fast_results.append(fast.add_columns(cols, fast_closes.append))
-        slow_results.append(slow._add_replay(cols, slow_closes.append) if batch else AddResult())
+        slow_results.append(add_replay(slow, cols, slow_closes.append) if batch else AddResult())
     assert totals(fast_results) == totals(slow_results)
     assert fast_closes == slow_closes
     assert fast.take_changes() == slow.take_changes()

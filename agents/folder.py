@@ -14,7 +14,9 @@ its state in the tables. For each batch of one partition the folder:
 2. folds every series in with one numpy pass (:func:`~tailguard.streams.fold.fold_many`),
    idempotent per bucket and input offset;
 3. for every minute bucket the event-time watermark closed, publishes a *final*
-   snapshot of each configured window ending there and evaluates the SLOs;
+   snapshot of each configured window ending there, evaluates the SLOs, and
+   sends the closed minute to its deployment's interference detector
+   (``tailguard.internal.interference``, keyed by service|model);
 4. every ``checkpoint_interval_s`` per partition, or less often when that would
    take more than ``checkpoint_max_share`` of the agents' time
    (:class:`~tailguard.agents.cadence.CheckpointCadence`): flushes what was
@@ -45,6 +47,7 @@ import faust
 import numpy as np
 from faust.streams import _current_event
 from tailguard.agents.breaches import BreachEngine
+from tailguard.agents.interference_wire import encode_internal, point_of
 from tailguard.agents.internal import series_key
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
@@ -75,6 +78,8 @@ _MAX_FORWARDED_SERIES = 200_000
 #: few enough that their merged buckets are little memory (~6 KB each for the
 #: benchmark's series; 64 MB at worst, every window at the exact-read limit).
 _SUMMARY_CHUNK = 256
+#: The window whose final snapshots are also the interference detector's points.
+_POINT_WINDOW = "1m"
 
 
 def final_cadence_ms(window: str) -> int:
@@ -190,6 +195,7 @@ class SeriesFolder:
         self.names: dict[str, Series] = {}
         self.sli_topic = topics.sli.get_topic_name()
         self.breach_topic = topics.breaches.get_topic_name()
+        self.interference_topic = topics.interference.get_topic_name()
         self.cadence = settings.checkpoint_cadence()
         #: Input held per partition until its next checkpoint: ``(stream, event)``.
         self.pending: dict[int, list[tuple[Any, Any]]] = {}
@@ -302,6 +308,12 @@ class SeriesFolder:
                 self.telemetry.observe_sli(series, window, payload)
             value, headers = frame(payload, source=settings.source)
             out.append((self.sli_topic, series_key(*series).encode(), value, headers))
+            if final and window == _POINT_WINDOW:
+                # The closed minute, for the interference detector of its deployment.
+                point = point_of(series, end_ms, summary)
+                out.append(
+                    (self.interference_topic, point.deployment.encode(), encode_internal(point), [])
+                )
         return out
 
     def send_all(self, outgoing: Outgoing) -> None:

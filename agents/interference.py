@@ -1,17 +1,21 @@
-"""Interference agents: 1-minute SLIs and KV minutes → ``interference`` breaches.
+"""Interference agents: closed 1-minute points and KV minutes → ``interference`` breaches.
 
 The detector (:mod:`tailguard.streams.interference`) must see every tenant of
-a deployment (service, model) together, but ``tailguard.sli`` is keyed by
-series and ``tailguard.kv`` by instance. So both are repartitioned onto one
-internal topic keyed by deployment::
+a deployment (service, model) together, but series live on the partition of
+their own key and ``tailguard.kv`` is keyed by instance. So both are re-keyed
+onto one internal topic keyed by deployment
+(:mod:`~tailguard.agents.interference_wire`)::
 
-    tailguard.sli ── final, window_s = 60 ──▶ forwarder ── key service|model ──┐
-    (key: series)                                                             ▼
+    series folder ── a series' minute closes: its point ── key service|model ──┐
+    (agents/folder.py, beside the final 1m snapshot)                          ▼
                                                      tailguard.internal.interference
     tailguard.kv ──▶ KV agent (agents/kv.py) ── closed KV minutes, ──────────▲   │
     (key: instance)                              to every partition              ▼
                                         detector ──▶ tables tailguard-interference(-kv)
                                            └──▶ tailguard.breaches (kind interference)
+
+The points come from the fold, not from ``tailguard.sli``: one hop from the
+close to the detector, and no worker reads back its own snapshots.
 
 Why an internal topic and not a table: a faust table write lands in the
 partition of the *current event*, so a table cannot move data between keys
@@ -47,7 +51,8 @@ partition that lags in a compressed replay) is waited for ``STALL_WAIT_S``
 seconds of wall-clock time, then left out (counted as ``forced``). A
 deployment new to this worker is first judged ``STALL_WAIT_S`` after its
 first point, so series read from slower partitions have joined by then. A
-deployment left waiting is sent a tick (:class:`TickMsg`) on the internal
+deployment left waiting is sent a tick
+(:class:`~tailguard.agents.interference_wire.TickMsg`) on the internal
 topic when its wait is over, so that the judgement runs inside an event of
 its partition (table writes go to the current event's partition) even when
 no further point arrives.
@@ -70,8 +75,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import faust
-import msgspec
 from faust.types import TP
+from tailguard.agents.interference_wire import KvMsg, TickMsg, decode_internal, encode_internal
 from tailguard.agents.internal import partition_for, series_key
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
@@ -87,7 +92,6 @@ from tailguard.streams.interference import (
     InterferenceTransition,
     KvBook,
     SeriesHistory,
-    SliPoint,
     explain,
     judge_ready,
     offer,
@@ -98,13 +102,8 @@ from tailguard.streams.kv import KvMinute
 __all__ = [
     "BREACH_SCHEMA",
     "InterferenceStats",
-    "KvMsg",
-    "PointMsg",
-    "TickMsg",
-    "decode_internal",
     "interference_payload",
     "kv_forwarder",
-    "point_from_sli",
     "register_interference",
 ]
 
@@ -117,119 +116,6 @@ KV_TABLE = "tailguard-interference-kv"
 #: Wall-clock seconds a deployment waits for a series that fell more than
 #: ``stall_minutes`` of event time behind before judging minutes without it.
 STALL_WAIT_S = 20.0
-
-
-# ----------------------------------------------------------------- the wire
-
-
-class PointMsg(msgspec.Struct, tag="p", array_like=True):
-    """One series' 1-minute SLI point, on its way to its deployment's partition."""
-
-    service: str
-    model: str
-    variant: str
-    tenant: str
-    point: SliPoint
-    exemplars: list[str] = []
-
-    @property
-    def deployment(self) -> str:
-        return f"{self.service}|{self.model}"
-
-
-class KvMsg(msgspec.Struct, tag="k", array_like=True):
-    """One instance's closed KV minute, sent to every partition."""
-
-    instance: str
-    minute: KvMinute
-
-
-class TickMsg(msgspec.Struct, tag="t", array_like=True):
-    """ "Judge this deployment again": sent by the worker's own timer to a deployment
-    that waits (its first judgement, or a stalled series), so the judgement runs
-    inside an event of the deployment's partition (where its tables live)."""
-
-    service: str
-    model: str
-
-    @property
-    def deployment(self) -> str:
-        return f"{self.service}|{self.model}"
-
-
-InternalMsg = PointMsg | KvMsg | TickMsg
-_encode = msgspec.msgpack.Encoder().encode
-_decode_internal = msgspec.msgpack.Decoder(InternalMsg).decode
-
-
-def decode_internal(data: bytes | None) -> InternalMsg:
-    """A record of the internal interference topic; ``ValueError`` when it does not decode."""
-    try:
-        return _decode_internal(data or b"")
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ValueError(str(exc)) from exc
-
-
-class _Pct(msgspec.Struct):
-    p99: float | None = None
-    count: int = 0
-
-
-class _Series(msgspec.Struct):
-    service: str
-    model: str
-    variant: str = "default"
-    tenant: str = "default"
-
-
-class _SliIn(msgspec.Struct):
-    """The part of a ``tailguard.sli.v1`` snapshot the detector reads."""
-
-    series: _Series
-    window_s: int
-    window_end_ms: int
-    final: bool = True
-    count: int = 0
-    errors: int = 0
-    ttft_ms: _Pct = msgspec.field(default_factory=_Pct)
-    itl_ms: _Pct = msgspec.field(default_factory=_Pct)
-    e2e_ms: _Pct = msgspec.field(default_factory=_Pct)
-    slo_compliance: float | None = None
-    exemplars: list[str] = []
-
-
-_decode_sli = msgspec.json.Decoder(_SliIn).decode
-
-
-def point_from_sli(data: bytes | None) -> PointMsg | None:
-    """The point of a *final 1-minute* SLI snapshot; None for any other window or a
-    provisional snapshot; ``ValueError`` when ``data`` is not an SLI snapshot."""
-    try:
-        s = _decode_sli(data or b"")
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ValueError(str(exc)) from exc
-    if s.window_s != 60 or not s.final:
-        return None
-    point = SliPoint(
-        end_ms=s.window_end_ms,
-        count=s.count,
-        errors=s.errors,
-        ttft_p99=s.ttft_ms.p99,
-        ttft_n=s.ttft_ms.count,
-        itl_p99=s.itl_ms.p99,
-        itl_n=s.itl_ms.count,
-        e2e_p99=s.e2e_ms.p99,
-        e2e_n=s.e2e_ms.count,
-        compliance=s.slo_compliance,
-    )
-    return PointMsg(
-        service=s.series.service,
-        model=s.series.model,
-        variant=s.series.variant,
-        tenant=s.series.tenant,
-        point=point,
-        exemplars=s.exemplars[:5],
-    )
 
 
 def interference_payload(t: InterferenceTransition, *, now_ms: int) -> dict[str, Any]:
@@ -408,7 +294,7 @@ def kv_forwarder(topics: Topics, settings: Settings) -> Callable[[str, KvMinute]
     """``forward(instance, minute)`` for the KV agent: one record to every partition."""
 
     async def forward(instance: str, minute: KvMinute) -> None:
-        value = _encode(KvMsg(instance=instance, minute=minute))
+        value = encode_internal(KvMsg(instance=instance, minute=minute))
         for partition in range(settings.partitions):
             await topics.interference.send(key=instance.encode(), value=value, partition=partition)
 
@@ -460,24 +346,6 @@ def register_interference(
         waiting.pop(key, None)
         counters.forced += 1
         return "force"
-
-    @app.agent(topics.sli, name="tailguard.interference.forward")
-    async def forward_sli(stream: faust.StreamT[bytes]) -> None:
-        async for event in stream.events():
-            try:
-                msg = point_from_sli(event.value)
-            except ValueError as exc:
-                counters.undecodable += 1
-                app.log.debug("tailguard: not an SLI snapshot on %s: %s", event.message.topic, exc)
-                continue
-            if msg is None:
-                continue
-            deployment = msg.deployment
-            await topics.interference.send(
-                key=deployment.encode(),
-                value=_encode(msg),
-                partition=partition_for(deployment, settings.partitions),
-            )
 
     async def publish(transitions: list[InterferenceTransition]) -> None:
         now = int(time.time() * 1000)
@@ -570,7 +438,7 @@ def register_interference(
             waiting.pop(key, None)
             await topics.interference.send(
                 key=key.encode(),
-                value=_encode(TickMsg(service=service, model=model)),
+                value=encode_internal(TickMsg(service=service, model=model)),
                 partition=partition_for(key, settings.partitions),
             )
 

@@ -79,7 +79,9 @@ def main() -> None:
     settings = Settings()
     book = SloBook(default_slos())
     engine = BreachEngine(slos=book.specs, state_table={}, gpu_table=None)
-    topics: Any = SimpleNamespace(sli=_topic("sli"), breaches=_topic("breaches"))
+    topics: Any = SimpleNamespace(
+        sli=_topic("sli"), breaches=_topic("breaches"), interference=_topic("interference")
+    )
     folder = SeriesFolder(None, topics, settings, WorkerStats(), None, engine, None)  # type: ignore[arg-type]
     specs = {s: engine.specs_for(s) for s, _ in closes}
     rounds = []

@@ -1,67 +1,64 @@
-"""The KV and interference agents' pure parts: wire records, SLI points, table folding, payload."""
+"""The KV and interference agents' pure parts: wire records, points, table folding, payload."""
 
 import msgspec
 import pytest
-from tailguard.agents.interference import (
-    KvMsg,
-    PointMsg,
-    TickMsg,
-    decode_internal,
-    interference_payload,
-    point_from_sli,
-)
+from tailguard.agents.interference import interference_payload
+from tailguard.agents.interference_wire import KvMsg, PointMsg, TickMsg, decode_internal, point_of
 from tailguard.agents.kv import KvStats, apply_snapshots
 from tailguard.agents.publish import frame
 from tailguard.schemas import KvSequence, KvSnapshot
+from tailguard.streams import WindowSummary
 from tailguard.streams.interference import InterferenceTransition, SliPoint
 from tailguard.streams.kv import MINUTE_MS, KvMinute, KvState
 
 T0_MS = 1_699_995_600_000
 
 
-def sli(window_s: int = 60, final: bool = True, **extra: object) -> bytes:
-    payload = {
-        "schema": "tailguard.sli.v1",
-        "event_id": "e1",
-        "ts_ms": T0_MS,
-        "series": {"service": "chat", "model": "m", "variant": "v1", "tenant": "globex"},
-        "window": "1m",
-        "window_s": window_s,
-        "window_end_ms": T0_MS,
-        "final": final,
-        "count": 120,
-        "errors": 1,
-        "ttft_ms": {"p50": 1.0, "p90": 2.0, "p95": 3.0, "p99": 640.0, "p999": 9.0, "count": 119},
-        "itl_ms": {"p99": 90.0, "count": 9000},
-        "tpot_ms": {"p99": 30.0, "count": 110},
-        "e2e_ms": {"p99": 9000.0, "count": 120},
-        "goodput_rps": 1.9,
-        "slo_compliance": 0.995,
-        "exemplars": ["a" * 32, "b" * 32],
-        **extra,
+def summary(**latency: dict[str, float | int | None]) -> WindowSummary:
+    rows = {
+        "ttft_ms": {"count": 119, "p50": 1.0, "p90": 2.0, "p95": 3.0, "p99": 640.0, "p999": 9.0},
+        "tpot_ms": {"count": 110, "p99": 30.0},
+        "itl_ms": {"count": 9000, "p99": 90.0},
+        "e2e_ms": {"count": 120, "p99": 9000.0},
+        **latency,
     }
-    return msgspec.json.encode(payload)
+    return WindowSummary(
+        window_ms=60_000,
+        count=120,
+        errors=1,
+        cancelled=0,
+        success_rate=119 / 120,
+        ttft_compliance=0.99,
+        itl_compliance=1.0,
+        slo_compliance=0.995,
+        goodput_rps=1.9,
+        latency=rows,
+        exemplars=[c * 32 for c in "abcdefg"],
+    )
 
 
-def test_a_final_one_minute_snapshot_becomes_a_point_keyed_by_deployment() -> None:
-    msg = point_from_sli(sli())
-    assert msg is not None and msg.deployment == "chat|m"
+def test_a_closed_minute_becomes_a_point_keyed_by_deployment() -> None:
+    msg = point_of(("chat", "m", "v1", "globex"), T0_MS, summary())
+    assert msg.deployment == "chat|m"
     assert (msg.variant, msg.tenant) == ("v1", "globex")
     p = msg.point
     assert (p.end_ms, p.count, p.errors) == (T0_MS, 120, 1)
-    assert (p.ttft_p99, p.ttft_n, p.itl_p99, p.e2e_n) == (640.0, 119, 90.0, 120)
-    assert p.compliance == 0.995 and msg.exemplars == ["a" * 32, "b" * 32]
+    assert (p.ttft_p99, p.ttft_n, p.itl_p99, p.itl_n, p.e2e_p99, p.e2e_n) == (
+        640.0,
+        119,
+        90.0,
+        9000,
+        9000.0,
+        120,
+    )
+    assert p.compliance == 0.995
+    assert msg.exemplars == [c * 32 for c in "abcde"]  # five at most
 
 
-@pytest.mark.parametrize(("window_s", "final"), [(300, True), (3600, True), (60, False)])
-def test_other_windows_and_provisional_snapshots_are_skipped(window_s: int, final: bool) -> None:
-    assert point_from_sli(sli(window_s, final)) is None
-
-
-@pytest.mark.parametrize("raw", [b"{not json", b"[]", b'{"series": 1}', None])
-def test_something_that_is_not_an_sli_snapshot_is_a_value_error(raw: bytes | None) -> None:
-    with pytest.raises(ValueError, match=r"."):
-        point_from_sli(raw)
+def test_a_metric_without_values_has_no_p99_and_no_count() -> None:
+    empty = {"count": 0, "p50": None, "p90": None, "p95": None, "p99": None, "p999": None}
+    p = point_of(("chat", "m", "v1", "globex"), T0_MS, summary(ttft_ms=empty)).point
+    assert (p.ttft_p99, p.ttft_n) == (None, 0)
 
 
 def test_internal_records_round_trip_and_garbage_is_refused() -> None:

@@ -1,0 +1,106 @@
+"""Records of ``tailguard.internal.interference``, the detector's one input topic.
+
+The tenant-interference detector must see every tenant of a deployment
+(service, model) together, so everything it reads is re-keyed by deployment
+onto this topic (msgpack, tagged):
+
+- :class:`PointMsg`: one series' closed minute, sent by the series folder
+  itself when the minute closes (:func:`point_of`, from the same summary as
+  the final 1-minute snapshot on ``tailguard.sli``);
+- :class:`KvMsg`: one instance's closed KV minute, sent to every partition;
+- :class:`TickMsg`: "judge this deployment again", from the worker's own timer.
+"""
+
+import msgspec
+from tailguard.streams import WindowSummary
+from tailguard.streams.interference import SliPoint
+from tailguard.streams.kv import KvMinute
+
+__all__ = [
+    "InternalMsg",
+    "KvMsg",
+    "PointMsg",
+    "TickMsg",
+    "decode_internal",
+    "encode_internal",
+    "point_of",
+]
+
+#: Exemplar traces a point carries at most.
+_EXEMPLARS = 5
+
+
+class PointMsg(msgspec.Struct, tag="p", array_like=True):
+    """One series' 1-minute SLI point, on its way to its deployment's partition."""
+
+    service: str
+    model: str
+    variant: str
+    tenant: str
+    point: SliPoint
+    exemplars: list[str] = []
+
+    @property
+    def deployment(self) -> str:
+        return f"{self.service}|{self.model}"
+
+
+class KvMsg(msgspec.Struct, tag="k", array_like=True):
+    """One instance's closed KV minute, sent to every partition."""
+
+    instance: str
+    minute: KvMinute
+
+
+class TickMsg(msgspec.Struct, tag="t", array_like=True):
+    """ "Judge this deployment again": sent by the worker's own timer to a deployment
+    that waits (its first judgement, or a stalled series), so the judgement runs
+    inside an event of the deployment's partition (where its tables live)."""
+
+    service: str
+    model: str
+
+    @property
+    def deployment(self) -> str:
+        return f"{self.service}|{self.model}"
+
+
+InternalMsg = PointMsg | KvMsg | TickMsg
+encode_internal = msgspec.msgpack.Encoder().encode
+_decode_internal = msgspec.msgpack.Decoder(InternalMsg).decode
+
+
+def decode_internal(data: bytes | None) -> InternalMsg:
+    """A record of the internal interference topic; ``ValueError`` when it does not decode."""
+    try:
+        return _decode_internal(data or b"")
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def _p99(summary: WindowSummary, metric: str) -> tuple[float | None, int]:
+    row = summary.latency.get(metric) or {}
+    p99, count = row.get("p99"), row.get("count") or 0
+    return (None if p99 is None else float(p99)), int(count)
+
+
+def point_of(series: tuple[str, str, str, str], end_ms: int, summary: WindowSummary) -> PointMsg:
+    """The point of a series' closed minute ending at ``end_ms`` (``summary``: its
+    final 1-minute window)."""
+    service, model, variant, tenant = series
+    ttft_p99, ttft_n = _p99(summary, "ttft_ms")
+    itl_p99, itl_n = _p99(summary, "itl_ms")
+    e2e_p99, e2e_n = _p99(summary, "e2e_ms")
+    point = SliPoint(
+        end_ms=end_ms,
+        count=summary.count,
+        errors=summary.errors,
+        ttft_p99=ttft_p99,
+        ttft_n=ttft_n,
+        itl_p99=itl_p99,
+        itl_n=itl_n,
+        e2e_p99=e2e_p99,
+        e2e_n=e2e_n,
+        compliance=summary.slo_compliance,
+    )
+    return PointMsg(service, model, variant, tenant, point, summary.exemplars[:_EXEMPLARS])

@@ -1,0 +1,80 @@
+"""A closed minute reaches the interference detector straight from the folder."""
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
+from tailguard.agents.breaches import BreachEngine
+from tailguard.agents.folder import SeriesFolder
+from tailguard.agents.interference_wire import PointMsg, decode_internal
+from tailguard.agents.pipeline import default_slos
+from tailguard.agents.settings import Settings
+from tailguard.agents.stats import WorkerStats
+from tailguard.streams import SeriesWindows
+
+T0 = 1_700_000_000_000 - 1_700_000_000_000 % 3_600_000
+
+
+@dataclass
+class Ev:
+    event_id: str
+    ts_ms: int
+    status: str = "ok"
+    e2e_ms: float = 900.0
+    ttft_ms: float | None = 200.0
+    output_tokens: int | None = 11
+    itl_ms: list[float] | None = None
+    trace_id: str | None = None
+    warmup: bool = False
+
+
+SERIES = ("chat", "m1", "control", "acme")
+
+
+def _topic(name: str) -> Any:
+    return SimpleNamespace(get_topic_name=lambda: name)
+
+
+def folder() -> SeriesFolder:
+    topics: Any = SimpleNamespace(
+        sli=_topic("sli"), breaches=_topic("breaches"), interference=_topic("interference")
+    )
+    engine = BreachEngine(slos=default_slos(), state_table={}, gpu_table=None)
+    return SeriesFolder(None, topics, Settings(), WorkerStats(), None, engine, None)  # type: ignore[arg-type]
+
+
+def closed_minute() -> SeriesWindows:
+    state = SeriesWindows()
+    state.add([Ev(f"e{i}", T0 + i * 1000, ttft_ms=100.0 + i) for i in range(60)])
+    return state
+
+
+def test_a_final_one_minute_snapshot_comes_with_its_point_for_the_deployment() -> None:
+    f, state = folder(), closed_minute()
+    out = f.snapshots(f.reads(SERIES, state, T0 + 60_000, final=True), final=True)
+    points = [
+        (key, decode_internal(value)) for topic, key, value, _ in out if topic == "interference"
+    ]
+    assert len(points) == 1  # the 1m window only, not 5m or 1h
+    key, msg = points[0]
+    assert key == b"chat|m1" and isinstance(msg, PointMsg)
+    snapshot = next(
+        msgspec.json.decode(value)
+        for topic, _, value, _ in out
+        if topic == "sli" and msgspec.json.decode(value)["window"] == "1m"
+    )
+    assert (msg.variant, msg.tenant) == ("control", "acme")
+    assert msg.point.end_ms == snapshot["window_end_ms"] == T0 + 60_000
+    assert msg.point.count == snapshot["count"] == 60
+    assert msg.point.ttft_p99 == snapshot["ttft_ms"]["p99"]
+    assert msg.point.ttft_n == snapshot["ttft_ms"]["count"]
+    assert msg.point.compliance == snapshot["slo_compliance"]
+    assert msg.exemplars == snapshot["exemplars"][:5]
+
+
+def test_provisional_snapshots_send_no_point() -> None:
+    f, state = folder(), closed_minute()
+    out = f.snapshots(f.reads(SERIES, state, T0 + 60_000, final=False), final=False)
+    assert [topic for topic, *_ in out if topic == "interference"] == []
+    assert any(topic == "sli" for topic, *_ in out)

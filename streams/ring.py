@@ -33,6 +33,7 @@ per bucket, so that a batch rewrites only the buckets it touched
 """
 
 import heapq
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from typing import Self
 
@@ -92,6 +93,8 @@ class SeriesRing:
         #: Highest input offset per partition any restored bucket had applied
         #: (a bucket record may reach the store after the meta did not).
         self._applied_floor: dict[int, int] = {}
+        #: Cached :meth:`_ordered` (None: recompute).
+        self._order: tuple[list[int], list[int]] | None = None
         #: Cached :meth:`_due` (``_STALE``: recompute).
         self._due_ms: int | object | None = _STALE
 
@@ -117,6 +120,7 @@ class SeriesRing:
     def _new_fine(self, start: int) -> Bucket:
         """Create the open minute bucket ``start`` (it closes, at the latest, first)."""
         bucket = self.fine[start] = Bucket.empty(start)
+        self._order = None
         closes = start + self.config.bucket_ms + self.config.allowed_lateness_ms
         due = self._due_ms
         if due is not _STALE and (due is None or closes < due):  # type: ignore[operator]
@@ -216,9 +220,11 @@ class SeriesRing:
         for start in [s for s in self.fine if s < wm - cfg.fine_retention_ms]:
             del self.fine[start]
             self._drop(FINE, start)
+            self._order = None
         for start in [s for s in self.coarse if s < wm - cfg.retention_ms]:
             del self.coarse[start]
             self._drop(COARSE, start)
+            self._order = None
         self._due_ms = _STALE
         return closed
 
@@ -234,6 +240,7 @@ class SeriesRing:
         coarse = Bucket.combine(members, cfg.coarse_max_centroids)
         coarse.start_ms = hour
         self.coarse[hour] = coarse
+        self._order = None
         self._touch(COARSE, hour)
         self._rolled_through_ms = hour + cfg.rollup_ms
 
@@ -245,7 +252,15 @@ class SeriesRing:
         width = self.config.bucket_ms
         return self.watermark_ms - self.watermark_ms % width + width
 
+    def _ordered(self) -> tuple[list[int], list[int]]:
+        """Starts of the held minute and hour buckets, each in time order (remembered
+        until a bucket is added or dropped)."""
+        if self._order is None:
+            self._order = (sorted(self.fine), sorted(self.coarse))
+        return self._order
+
     def _parts(self, window_ms: int, end_ms: int | None) -> list[Bucket]:
+        """The buckets a window holds, hours then minutes, each in time order."""
         end = self.default_end() if end_ms is None else end_ms
         if end is None:
             return []
@@ -257,23 +272,18 @@ class SeriesRing:
         # the watermark ran ahead (batching). Using only these keeps every
         # window a function of the events alone.
         horizon = end - (cfg.fine_retention_ms - cfg.allowed_lateness_ms - cfg.bucket_ms)
-        parts: list[Bucket] = []
-        used: set[int] = set()
-        for hour, bucket in self.coarse.items():
-            if hour >= start and hour + rollup <= end:
-                parts.append(bucket)
-                used.add(hour)
-        for s, bucket in self.fine.items():
-            if not start <= s < end:
-                continue
+        minutes, hours = self._ordered()
+        used = hours[bisect_left(hours, start) : bisect_right(hours, end - rollup)]
+        parts = [self.coarse[hour] for hour in used]
+        skip = set(used)
+        for s in minutes[bisect_left(minutes, start) : bisect_left(minutes, end)]:
             hour = s - s % rollup
-            if hour in used:
+            if hour in skip:
                 continue
-            whole_hour_inside = hour >= start and hour + rollup <= end
             # A whole hour not rolled up yet still has all its minutes (pruning
             # only follows roll-up); a partial hour counts only its recent minutes.
-            if whole_hour_inside or s >= horizon:
-                parts.append(bucket)
+            if (hour >= start and hour + rollup <= end) or s >= horizon:
+                parts.append(self.fine[s])
         return parts
 
     def window(self, window_ms: int, end_ms: int | None = None) -> Bucket:
@@ -394,4 +404,5 @@ class SeriesRing:
                 for p, o in bucket.applied.items():
                     if o > state._applied_floor.get(p, -1):
                         state._applied_floor[p] = o
+        state._order = None
         return state

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tailguard.streams import ConfigError, Counters, SeriesWindows, Thresholds
+from tailguard.streams import WINDOWS, ConfigError, Counters, SeriesWindows, Thresholds
 from tailguard.streams.burn import (
     DEFAULT_RULES,
     SLO_PERIOD_MS,
@@ -562,3 +562,48 @@ def test_fires_on_a_paging_burn_and_not_on_a_gated_one() -> None:
     assert fires(TTFT, BurnPolicy(), burning)
     few = windows_of(**{"1h": ttft_counters(15, 99), "5m": ttft_counters(5, 9)})
     assert evaluate(TTFT, BurnPolicy(), few).gated and not fires(TTFT, BurnPolicy(), few)
+
+
+class _CountingRing:
+    """A ring that records which windows were summed."""
+
+    def __init__(self, series: SeriesWindows) -> None:
+        self.series = series
+        self.summed: list[int] = []
+
+    def counters(self, window: int, end: int | None = None) -> Counters:
+        self.summed.append(window)
+        return self.series.counters(window, end)
+
+
+def test_window_counters_sum_a_window_once_and_only_when_read(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    series = make_windows()
+    for i in range(30):
+        series.add([make_event(t0 + i * MINUTE_MS, status="error" if i % 3 else "ok")])
+    policy, end = BurnPolicy(), t0 + 30 * MINUTE_MS
+    ring = _CountingRing(series)
+    lazy = window_counters(ring, policy, end)  # type: ignore[arg-type]
+    assert ring.summed == []
+    assert set(lazy) == set(policy.windows) and len(lazy) == len(policy.windows)
+    assert lazy["5m"] == series.counters(WINDOWS["5m"], end)
+    assert lazy["5m"] is lazy["5m"] and ring.summed == [WINDOWS["5m"]]
+    eager = {name: series.counters(ms, end) for name, ms in policy.windows.items()}
+    assert evaluate(SUCCESS, policy, lazy) == evaluate(SUCCESS, policy, eager)
+    assert sorted(ring.summed) == sorted(policy.windows.values())  # each once
+    with pytest.raises(KeyError):
+        lazy["7m"]
+
+
+def test_a_quiet_series_is_judged_from_its_short_windows_alone(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    series = make_windows()
+    for i in range(30):
+        series.add([make_event(t0 + i * MINUTE_MS)])
+    policy = BurnPolicy()
+    ring = _CountingRing(series)
+    assert not fires(SUCCESS, policy, window_counters(ring, policy, t0 + 30 * MINUTE_MS))  # type: ignore[arg-type]
+    shorts = {window_ms(rule.short) for rule in policy.rules}
+    assert set(ring.summed) == shorts

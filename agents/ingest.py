@@ -47,6 +47,7 @@ import numpy as np
 from faust.types import TP
 from tailguard.agents.deadletters import send_rejects
 from tailguard.agents.folder import SeriesFolder
+from tailguard.agents.heap import release_free_heap
 from tailguard.agents.internal import (
     SeriesGroups,
     group_by_partition,
@@ -235,6 +236,8 @@ def register_ingest(
             buffer.clear()
             if batch:
                 await process(stream, batch)
+                del batch
+                release_free_heap()  # what the batch's events held
 
     @app.agent(topics.inference, name="tailguard.ingest")
     async def ingest(stream: faust.StreamT[bytes]) -> None:

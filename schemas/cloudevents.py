@@ -25,12 +25,10 @@ CONTENT_TYPE: Final = b"application/json"
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-@lru_cache(maxsize=256)
 def rfc3339_ms(ts_ms: int) -> str:
     """Epoch milliseconds as RFC 3339 UTC with milliseconds: ``2024-05-01T12:00:00.123Z``.
 
-    Integer arithmetic, so no float rounding moves a millisecond. Remembered: a
-    minute's close frames thousands of records stamped with the same instant.
+    Integer arithmetic, so no float rounding moves a millisecond.
     """
     moment = _EPOCH + timedelta(milliseconds=ts_ms)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts_ms % 1000:03d}Z"
@@ -48,8 +46,25 @@ def ce_headers(
     return [
         ("ce_specversion", SPEC_VERSION),
         ("ce_id", event_id.encode()),
-        ("ce_source", source.encode()),
-        ("ce_type", schema_id.encode()),
-        ("ce_time", rfc3339_ms(ts_ms).encode()),
+        _source_header(source),
+        _type_header(schema_id),
+        ("ce_time", _time_bytes(ts_ms)),
         ("content-type", CONTENT_TYPE),
     ]
+
+
+# A worker frames tens of thousands of records a minute with a handful of
+# sources, types and instants: each header is encoded once.
+@lru_cache(maxsize=64)
+def _source_header(source: str) -> tuple[str, bytes]:
+    return ("ce_source", source.encode())
+
+
+@lru_cache(maxsize=64)
+def _type_header(schema_id: str) -> tuple[str, bytes]:
+    return ("ce_type", schema_id.encode())
+
+
+@lru_cache(maxsize=256)
+def _time_bytes(ts_ms: int) -> bytes:
+    return rfc3339_ms(ts_ms).encode()

@@ -90,7 +90,9 @@ def make_placed_messages(
     message holds up to ``PER_MESSAGE`` events of one home partition, in event
     time order; without, ``PER_MESSAGE`` consecutive events and no partition."""
     rng = np.random.default_rng(seed)
-    start = int(time.time() * 1000) - 1_800_000
+    # The minute the events fill ends on a 5-minute boundary: the close then
+    # publishes final 1m, 5m and 1h snapshots (the costliest close), every run.
+    start = (int(time.time() * 1000) - 1_800_000) // 300_000 * 300_000 + 240_000
     ttft = rng.lognormal(np.log(180), 0.45, n)
     gaps = rng.lognormal(np.log(30), 0.35, (n, 9)).round(2)
     sid = rng.integers(0, series, n)

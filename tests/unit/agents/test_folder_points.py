@@ -1,6 +1,5 @@
 """A closed minute reaches the interference detector straight from the folder."""
 
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,21 +12,8 @@ from tailguard.agents.settings import Settings
 from tailguard.agents.stats import WorkerStats
 from tailguard.streams import SeriesWindows
 
-T0 = 1_700_000_000_000 - 1_700_000_000_000 % 3_600_000
-
-
-@dataclass
-class Ev:
-    event_id: str
-    ts_ms: int
-    status: str = "ok"
-    e2e_ms: float = 900.0
-    ttft_ms: float | None = 200.0
-    output_tokens: int | None = 11
-    itl_ms: list[float] | None = None
-    trace_id: str | None = None
-    warmup: bool = False
-
+from tests.unit.streams.conftest import T0_MS as T0
+from tests.unit.streams.conftest import Event as Ev
 
 SERIES = ("chat", "m1", "control", "acme")
 

@@ -18,7 +18,6 @@ needs the close of a minute of 10,000 series within 1 s.
 import gc
 import json
 import time
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,7 +30,7 @@ from tailguard.agents.pipeline import default_slos
 from tailguard.agents.settings import Settings
 from tailguard.agents.state import CachedSeries
 from tailguard.agents.stats import WorkerStats
-from tailguard.schemas import Limits, decode
+from tailguard.schemas import InferenceEvent, Limits, decode
 from tailguard.streams import RingConfig, SeriesWindows
 from tailguard.streams.fold import fold_many
 
@@ -47,21 +46,6 @@ ROUNDS = 3
 #: Steady state: series with this many minutes of history (three days and an hour).
 STEADY_MINUTES = 3 * 24 * 60 + 60
 STEADY_SERIES = 500
-
-
-@dataclass
-class _Request:
-    """A healthy request, as the steady-state history holds."""
-
-    event_id: str
-    ts_ms: int
-    status: str = "ok"
-    e2e_ms: float = 900.0
-    ttft_ms: float | None = 200.0
-    output_tokens: int | None = 11
-    itl_ms: list[float] | None = None
-    trace_id: str | None = None
-    warmup: bool = False
 
 
 def _topic(name: str) -> Any:
@@ -88,6 +72,20 @@ def fold_and_record(
             closers = [lambda end, s=s: closes.append((s, end)) for s in names]
             fold_many(series, groups.cols, groups.bounds, closers)
     return closes
+
+
+def _request(event_id: str, ts_ms: int) -> InferenceEvent:
+    """A healthy request, as the steady-state history holds."""
+    return InferenceEvent(
+        event_id=event_id,
+        ts_ms=ts_ms,
+        service="svc",
+        model="m",
+        status="ok",
+        e2e_ms=900.0,
+        ttft_ms=200.0,
+        output_tokens=11,
+    )
 
 
 def _folder() -> tuple[SeriesFolder, BreachEngine]:
@@ -137,7 +135,7 @@ def steady_states(n_series: int) -> tuple[list[Any], dict[Any, SeriesWindows]]:
     n = 0
     for m in range(STEADY_MINUTES):
         template.add(
-            [_Request(f"s{n + i}", base + m * 60_000 + i * 6_000) for i in range(10)],
+            [_request(f"s{n + i}", base + m * 60_000 + i * 6_000) for i in range(10)],
             on_close=ends.append,
         )
         n += 10

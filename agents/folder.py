@@ -47,6 +47,7 @@ import faust
 import numpy as np
 from faust.streams import _current_event
 from tailguard.agents.breaches import BreachEngine
+from tailguard.agents.feeders import IdleFeeders
 from tailguard.agents.interference_wire import encode_internal, point_of
 from tailguard.agents.internal import series_key
 from tailguard.agents.outputs import OutputError, Outputs
@@ -56,6 +57,7 @@ from tailguard.agents.state import CachedSeries, CheckpointInterrupted, SeriesSt
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.telemetry import Telemetry
 from tailguard.agents.topics import Topics
+from tailguard.schemas.placement import series_of_key
 from tailguard.streams import WINDOWS, SeriesWindows, WindowSummary, summarize, summarize_many
 from tailguard.streams.bucket import Bucket
 from tailguard.streams.columns import Columns
@@ -72,8 +74,6 @@ Outgoing = list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]
 Read = tuple[Series, SeriesWindows, str, int, Bucket]
 
 _MAX_GPUS_PER_SERIES = 64
-#: Series remembered as fed through the forward path (forgotten all at once past it).
-_MAX_FORWARDED_SERIES = 200_000
 #: Windows summarised together at a close: enough to share the percentile pass,
 #: few enough that their merged buckets are little memory (~6 KB each for the
 #: benchmark's series; 64 MB at worst, every window at the exact-read limit).
@@ -203,10 +203,7 @@ class SeriesFolder:
         #: rebalance revokes them all first).
         self.owned: set[int] = set()
         self.busy = asyncio.Lock()
-        #: Series that have reached this worker through the forward path: the
-        #: ingest agent forwards their home-partition requests too (see
-        #: :meth:`note_forwarded`).
-        self.forwarded: set[Series] = set()
+        self.idle_feeders = IdleFeeders(settings.feeder_idle_s)
         self._specs: dict[str, list[Any]] = {}
         #: ``engine.slo_version`` the cached specs were resolved under (admin ``slo set``).
         self._specs_version = engine.slo_version
@@ -215,21 +212,6 @@ class SeriesFolder:
     def hold(self, partition: int, stream: Any, event: Any) -> None:
         """Keep ``event`` unacknowledged until ``partition``'s next checkpoint."""
         self.pending.setdefault(partition, []).append((stream, event))
-
-    def note_forwarded(self, series: list[Series]) -> None:
-        """``series`` came (also) from input partitions other than their home.
-
-        Requests of one series must reach the fold in one order: the watermark a
-        request meets decides whether it is late. A series fed from several input
-        partitions therefore takes the forward path for all of them (the order of
-        one ingest batch, as through one internal partition); only a series fed by
-        its home partition alone is folded in place. (A per-partition watermark
-        would let such series take one hop too.)
-        """
-        known = self.forwarded
-        if len(known) + len(series) > _MAX_FORWARDED_SERIES:
-            known.clear()
-        known.update(series)
 
     async def fold(
         self,
@@ -280,6 +262,24 @@ class SeriesFolder:
         self.send_all(outgoing)
         if self.cadence.due(partition, time.monotonic()):
             await self.checkpoint(partition)
+
+    async def forget_idle_feeders(self, now: float) -> int:
+        """Stop waiting for input partitions that no longer feed a series
+        (:mod:`tailguard.agents.feeders`); publish what that closes."""
+        async with self.busy:
+            found = self.idle_feeders.idle(self.store.items(), now)
+            for key, cached, partition in found:
+                closing: list[Read] = []
+                outgoing: Outgoing = []
+                name = self.names.get(key) or series_of_key(key)
+                slos = self._specs.get(key) or self.engine.specs_for(name)
+                with self._on_partition(cached.partition):
+                    closer = self._closer(name, key, cached, slos, closing, outgoing)
+                    cached.state.forget_feeder(partition, closer)
+                    self.store.mark_unsaved(key, cached.partition)
+                self.send_all(self.snapshots(closing, final=True))
+                self.send_all(outgoing)
+        return len(found)
 
     # -- outputs --------------------------------------------------------------
     def reads(

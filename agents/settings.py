@@ -42,6 +42,9 @@ class Settings:
     #: Wall-clock period of provisional snapshots of series that changed (0: off).
     snapshot_interval_s: float = 10.0
     allowed_lateness_ms: int = 120_000
+    #: A series fed by several input partitions waits for the slowest of them;
+    #: one that has brought it nothing for this long (wall time) is no longer waited for.
+    feeder_idle_s: float = 300.0
     #: Ingest batching: forward per-series batches every ``ingest_batch`` messages or
     #: ``ingest_within_s`` seconds, whichever comes first.
     ingest_batch: int = 500
@@ -105,6 +108,9 @@ class Settings:
             n = self.rocksdb_write_buffers
             msg = f"rocksdb_write_buffers must be ≥ 2 (one filling, one flushing), got {n}"
             raise SettingsError(msg)
+        if self.feeder_idle_s <= 0:
+            msg = f"feeder_idle_s must be > 0, got {self.feeder_idle_s}"
+            raise SettingsError(msg)
         if self.ingest_batch < 1 or self.ingest_within_s <= 0:
             msg = "ingest_batch must be ≥ 1 and ingest_within_s > 0"
             raise SettingsError(msg)
@@ -136,6 +142,8 @@ class Settings:
             values["checkpoint_max_share"] = float(env["TAILGUARD_CHECKPOINT_SHARE"])
         if env.get("TAILGUARD_CHECKPOINT_MAX_S"):
             values["checkpoint_max_interval_s"] = float(env["TAILGUARD_CHECKPOINT_MAX_S"])
+        if env.get("TAILGUARD_FEEDER_IDLE_S"):
+            values["feeder_idle_s"] = float(env["TAILGUARD_FEEDER_IDLE_S"])
         if env.get("TAILGUARD_WEB_PORT"):
             values["web_port"] = int(env["TAILGUARD_WEB_PORT"])
             values["web_enabled"] = True

@@ -23,6 +23,7 @@ from tailguard.agents.folder import Read, SeriesFolder, final_cadence_ms, snapsh
 from tailguard.agents.internal import decode_groups, partition_for
 from tailguard.agents.settings import Settings
 from tailguard.agents.topics import Topics
+from tailguard.schemas.placement import series_of_key
 
 __all__ = ["final_cadence_ms", "register_sli", "snapshot_payload"]
 
@@ -30,11 +31,6 @@ __all__ = ["final_cadence_ms", "register_sli", "snapshot_payload"]
 _PROVISIONAL_SHARE = 0.1
 #: Windows summarised together (their percentiles in one pass) between budget checks.
 _PROVISIONAL_CHUNK = 256
-
-
-def _series_of(key: str) -> tuple[str, str, str, str]:
-    service, model, variant, tenant = key.split("|", 3)
-    return service, model, variant, tenant
 
 
 def register_sli(app: faust.App, topics: Topics, settings: Settings, folder: SeriesFolder) -> Any:
@@ -58,8 +54,11 @@ def register_sli(app: faust.App, topics: Topics, settings: Settings, folder: Ser
                     app.log.error("tailguard: skipping undecodable internal record: %s", exc)
                     stats.internal_errors += 1
                     continue
-                folder.note_forwarded(groups.series)
                 await folder.fold(partition, groups.series, groups.cols, groups.bounds, groups.gpus)
+
+    @app.timer(settings.feeder_idle_s / 4, name="tailguard.sli.idle_feeders")
+    async def forget_idle_feeders() -> None:
+        await folder.forget_idle_feeders(time.monotonic())
 
     @app.timer(max(settings.checkpoint_interval_s / 2, 0.5), name="tailguard.sli.checkpoint")
     async def checkpoint_quiet_partitions() -> None:
@@ -93,7 +92,7 @@ def register_sli(app: faust.App, topics: Topics, settings: Settings, folder: Ser
                     end = cached.state.default_end()
                     if end is None:
                         continue
-                    series = folder.names.get(key) or _series_of(key)
+                    series = folder.names.get(key) or series_of_key(key)
                     reads += folder.reads(series, cached.state, end, final=False)
                     cached.state.release_window_cache()  # the next provisional end differs
                 if not reads:

@@ -53,6 +53,7 @@ from typing import Any
 
 from tailguard.agents.internal import partition_for, series_key
 from tailguard.agents.stats import WorkerStats
+from tailguard.schemas.placement import series_of_key
 
 __all__ = [
     "MAX_LABEL_CHARS",
@@ -104,11 +105,6 @@ class _SeriesEntry:
 def label_value(value: str) -> str:
     """``value`` cut to :data:`MAX_LABEL_CHARS` (an ellipsis marks the cut)."""
     return value if len(value) <= MAX_LABEL_CHARS else value[: MAX_LABEL_CHARS - 1] + "…"
-
-
-def _series_of(key: str) -> Series:
-    service, model, variant, tenant = key.split("|", 3)
-    return service, model, variant, tenant
 
 
 class Telemetry:
@@ -166,7 +162,7 @@ class Telemetry:
             if len(self._series) >= self.max_series:
                 self.series_refused += 1
                 return None
-            entry = _SeriesEntry(series=series or _series_of(key))
+            entry = _SeriesEntry(series=series or series_of_key(key))
             self._series[key] = entry
         entry.seen = self._clock()
         return entry

@@ -345,9 +345,7 @@ def _indicator(r: _Reader, node: Node, what: str) -> _Indicator:
         r, spec, sli, role, sli_node, f"{what}.ratioMetric.{role}.metricSource.spec"
     )
     total_node = r.require(ratio, "total", ratio_node, f"{what}.ratioMetric")
-    total_spec, total_sli, total_sli_node = _source_spec(
-        r, total_node, f"{what}.ratioMetric.total"
-    )
+    total_spec, total_sli, total_sli_node = _source_spec(r, total_node, f"{what}.ratioMetric.total")
     if total_sli != sli:
         raise r.error(
             total_sli_node,

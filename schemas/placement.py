@@ -21,12 +21,24 @@ import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["by_home_partition", "home_partition", "series_key", "series_key_of"]
+__all__ = [
+    "by_home_partition",
+    "home_partition",
+    "series_key",
+    "series_key_of",
+    "series_of_key",
+]
 
 
 def series_key(service: str, model: str, variant: str, tenant: str) -> str:
     """The key of a series: ``service|model|variant|tenant``."""
     return f"{service}|{model}|{variant}|{tenant}"
+
+
+def series_of_key(key: str) -> tuple[str, str, str, str]:
+    """The ``(service, model, variant, tenant)`` of a series key (see :func:`series_key`)."""
+    service, model, variant, tenant = key.split("|", 3)
+    return service, model, variant, tenant
 
 
 def series_key_of(event: Mapping[str, Any]) -> str:

@@ -395,9 +395,9 @@ class SliSnapshot(_Output, kw_only=True):
     digests: Annotated[
         dict[str, TDigestDict] | None, Meta(description="Metric name → t-digest, if attached.")
     ] = None
-    window: Annotated[
-        str | None, Meta(description="Window name: 1m, 5m, 30m, 1h, 6h, 1d, 3d.")
-    ] = None
+    window: Annotated[str | None, Meta(description="Window name: 1m, 5m, 30m, 1h, 6h, 1d, 3d.")] = (
+        None
+    )
     final: Annotated[
         bool,
         Meta(

@@ -29,7 +29,7 @@ from tailguard.streams.bucket import (
 from tailguard.streams.columns import ERROR_CODES, Columns
 from tailguard.streams.digest import Sketch
 from tailguard.streams.replay import add_replay
-from tailguard.streams.ring import SeriesRing
+from tailguard.streams.ring import SeriesRing, met_watermark
 from tailguard.streams.window_config import FINE, AddResult
 
 __all__ = ["fold_many"]
@@ -83,6 +83,33 @@ def _segmented_prior_max(ts: np.ndarray, g: np.ndarray, floor: np.ndarray) -> np
     return np.maximum(out, floor[g])
 
 
+def _judged_against(
+    states: Sequence[SeriesRing],
+    ts: np.ndarray,
+    g: np.ndarray,
+    feed: np.ndarray,
+    feed_keys: np.ndarray,
+) -> np.ndarray:
+    """Per request: the watermark its lateness is judged against — the newest
+    earlier request of its series and input partition (``feed``: a key from
+    ``feed_keys``), at least that partition's watermark and the series'."""
+    floor = np.empty(feed_keys.size, dtype=np.int64)
+    for i, key in enumerate(feed_keys.tolist()):
+        gi, p = divmod(key, _PARTS)
+        state = states[gi]
+        own = state.feeders.get(p - 1, _NO_WM)
+        wm = _NO_WM if state.watermark_ms is None else state.watermark_ms
+        floor[i] = own if own > wm else wm
+    segment = np.searchsorted(feed_keys, feed)
+    if segment.size < 2 or bool((segment[1:] >= segment[:-1]).all()):
+        # One partition per series (the usual case): segments come in order.
+        return _segmented_prior_max(ts, segment, floor)
+    order = np.argsort(segment, kind="stable")
+    out = np.empty_like(ts)
+    out[order] = _segmented_prior_max(ts[order], segment[order], floor)
+    return out
+
+
 def fold_many(
     states: Sequence[SeriesRing],
     cols: Columns,
@@ -103,14 +130,19 @@ def fold_many(
     g_all = _group_ids(bounds)
 
     # -- which groups may take the batched path ---------------------------------
+    # Not those with input that may be a replay, or from a partition that does
+    # not feed the series yet (it starts from the series' watermark, which the
+    # request-by-request path moves as it goes).
     with_positions = bool(cols.part[0] >= 0)
     fresh = np.ones(n_groups, dtype=np.bool_)
-    if with_positions:
-        keys, lowest = _reduce_by(g_all * _PARTS + cols.part, cols.offset, np.minimum)
-        for key, low in zip(keys.tolist(), lowest.tolist(), strict=True):
-            gi, p = divmod(key, _PARTS)
-            if fresh[gi] and low <= states[gi].replay_floor(p):
-                fresh[gi] = False
+    feed_keys, lowest = _reduce_by(g_all * _PARTS + (cols.part + 1), cols.offset, np.minimum)
+    for key, low in zip(feed_keys.tolist(), lowest.tolist(), strict=True):
+        gi, p = divmod(key, _PARTS)
+        p -= 1
+        if fresh[gi] and (
+            p not in states[gi].feeders or (p >= 0 and low <= states[gi].replay_floor(p))
+        ):
+            fresh[gi] = False
     for gi, state in enumerate(states):
         if fresh[gi] and state.awaiting_refill():
             fresh[gi] = False
@@ -125,10 +157,7 @@ def fold_many(
     # -- lateness: each request against the watermark it meets -------------------
     ts = cols.ts[rows]
     g = g_all[rows]
-    floor = np.array(
-        [_NO_WM if s.watermark_ms is None else s.watermark_ms for s in states], dtype=np.int64
-    )
-    judge = _segmented_prior_max(ts, g, floor)
+    judge = _judged_against(states, ts, g, g * _PARTS + (cols.part[rows] + 1), feed_keys)
     cfg = states[0].config
     if any(s.config != cfg for s in states):
         msg = "fold_many needs one RingConfig for the whole batch"
@@ -231,10 +260,16 @@ def fold_many(
 
     # -- watermarks, tallies, closes ----------------------------------------------
     acc_groups = g[cand[acc_sorted]]
-    # Every request that is not late moves the watermark, duplicates included:
-    # a replay cannot tell a request its bucket holds from a duplicate of one.
-    newest = np.full(n_groups, _NO_WM, dtype=np.int64)
-    np.maximum.at(newest, cg, ts[cand])
+    # Every request that is not late moves its partition's watermark, duplicates
+    # included: a replay cannot tell a request its bucket holds from a duplicate.
+    keys, tops = _reduce_by(cg * _PARTS + (cols.part[rows[cand]] + 1), ts[cand], np.maximum)
+    moved = np.zeros(n_groups, dtype=np.bool_)
+    for key, top in zip(keys.tolist(), tops.tolist(), strict=True):
+        gi, p = divmod(key, _PARTS)
+        feeders = states[gi].feeders
+        if top > feeders[p - 1]:
+            feeders[p - 1] = top
+            moved[gi] = True
     accepted_per_group = np.bincount(acc_groups, minlength=n_groups)
     for b in range(n_b):
         states[int(b_group[b])]._touch(FINE, int(b_start[b]))
@@ -246,8 +281,10 @@ def fold_many(
         res.duplicates = int(dup_per_group[gi])
         state.late += res.late
         state.duplicates += res.duplicates
-        top = int(newest[gi])
-        if top != _NO_WM and (state.watermark_ms is None or top > state.watermark_ms):
+        if not moved[gi]:
+            continue
+        top = met_watermark(state.watermark_ms, state.feeders)
+        if top is not None and top != state.watermark_ms:
             state.watermark_ms = top
             if top >= state._due():
                 res.closed_ends.extend(state._advance(top, closers[gi]))

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 from tailguard.streams.columns import Columns
-from tailguard.streams.ring import SeriesRing
+from tailguard.streams.ring import SeriesRing, met_watermark
 from tailguard.streams.window_config import FINE, WM_HISTORY, AddResult
 
 __all__ = ["add_replay"]
@@ -29,8 +29,8 @@ def add_replay(
     lateness = cfg.allowed_lateness_ms
     result = AddResult()
     accs: dict[int, list[int]] = {}
-    wm = state.watermark_ms  # what the watermark becomes
-    judge = wm  # what the current request's lateness is judged against
+    feeders = state.feeders
+    wm = state.watermark_ms  # what the series' watermark becomes
     seen: dict[int, dict[int, int]] = {}
     counted = state._counted
     history = state._wm_before
@@ -38,8 +38,12 @@ def add_replay(
     current: tuple[int, int] | None = None
     with_positions = bool(cols.part[0] >= 0)
     tally = True  # count late/duplicate, unless this position was counted before
-    met: int | None = wm  # watermark the current input message met
     part = offset = -1
+    # What the current request's lateness is judged against: its partition's
+    # watermark, or the series' if higher (a partition that joins late, or
+    # input without positions, starts from the series').
+    judge = _floor(feeders.get(part), wm)
+    met: int | None = judge  # watermark the current input message met
     next_close = state._next_close()
     parts = cols.part.tolist()
     offsets = cols.offset.tolist()
@@ -58,8 +62,7 @@ def add_replay(
                 if tally:
                     # Remembered only if one of its requests turns out late: a
                     # replay judged without it re-admits exactly what was admitted.
-                    met = wm
-                    judge = wm
+                    met = judge = _floor(feeders.get(part), wm)
                 else:
                     # A replay: judge it against the watermark it first met, not
                     # one its own later requests (or later messages) advanced. Older
@@ -104,14 +107,17 @@ def add_replay(
                     ids.add(h)
                 accs.setdefault(start, []).append(i)
                 result.accepted += 1
-        if wm is None or ts > wm:
-            wm = ts
-            if next_close is not None and wm >= next_close:
-                _fold(state, cols, accs, None)
-                state.watermark_ms = wm
-                result.closed_ends.extend(state._advance(wm, on_close))
-                state._clear_refill()
-                next_close = state._next_close()
+        if ts > feeders.get(part, _NONE):
+            feeders[part] = ts
+            moved = met_watermark(wm, feeders)
+            if moved != wm:
+                wm = moved
+                if next_close is not None and wm is not None and wm >= next_close:
+                    _fold(state, cols, accs, None)
+                    state.watermark_ms = wm
+                    result.closed_ends.extend(state._advance(wm, on_close))
+                    state._clear_refill()
+                    next_close = state._next_close()
         if judge is None or ts > judge:
             judge = ts
     for p, o in newest.items():
@@ -131,6 +137,16 @@ def add_replay(
         # pruned: settle them exactly as the first pass did.
         result.closed_ends.extend(state._advance(wm, on_close))
     return result
+
+
+_NONE = -(2**63)
+
+
+def _floor(own: int | None, series: int | None) -> int | None:
+    """The higher of a partition's watermark and the series' (None: none yet)."""
+    if own is None:
+        return series
+    return own if series is None or own > series else series
 
 
 def _fold(

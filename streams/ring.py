@@ -8,9 +8,13 @@ Two tiers of buckets, both aligned to the epoch::
                                                               ▲   ▲ watermark
                                       closed (final) ◀────────┘   └ open: lateness
 
-- An event lands in the 1-minute bucket of its ``ts_ms``. The *watermark* is
-  the largest ``ts_ms`` seen (event time, never wall-clock time), so a replay of
-  the same events yields the same state, snapshots and alerts.
+- An event lands in the 1-minute bucket of its ``ts_ms``. Each input
+  partition that feeds the series has its own watermark, the largest ``ts_ms``
+  it brought (event time, never wall-clock time); the series' *watermark* is
+  the lowest of them (and never moves back). An event is judged late against
+  its own partition's watermark (or the series', if higher), so a replay
+  that interleaves the partitions differently judges every event alike and
+  yields the same state, snapshots and alerts.
 - A bucket *closes* once ``watermark ≥ end + allowed_lateness``; an event for a
   closed bucket is *late*: it is counted (``late``), not merged.
 - While open, a bucket remembers the 64-bit hashes of its event ids, so a
@@ -46,7 +50,7 @@ from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.sli import Thresholds
 from tailguard.streams.window_config import COARSE, FINE, WM_HISTORY, Changes, RingConfig
 
-__all__ = ["SeriesRing"]
+__all__ = ["SeriesRing", "met_watermark"]
 
 _STALE = object()
 #: Watermark that never triggers housekeeping (nothing is held).
@@ -62,6 +66,16 @@ class _Meta(msgspec.Struct, array_like=True):
     coarse: list[int]
     counted: dict[int, int] = {}
     wm_before: list[tuple[int, int, int | None]] = []
+    feeders: dict[int, int] = {}
+
+
+def met_watermark(current: int | None, feeders: dict[int, int]) -> int | None:
+    """The series' watermark once its feeders stand at ``feeders``: the lowest of
+    them, never below ``current`` (a watermark does not move back)."""
+    if not feeders:
+        return current
+    low = min(feeders.values())
+    return low if current is None or low > current else current
 
 
 class SeriesRing:
@@ -75,6 +89,9 @@ class SeriesRing:
         self.fine: dict[int, Bucket] = {}
         self.coarse: dict[int, Bucket] = {}
         self.watermark_ms: int | None = None
+        #: Newest event time per input partition feeding the series (−1: input
+        #: without positions); :attr:`watermark_ms` is the lowest of them.
+        self.feeders: dict[int, int] = {}
         self.late = 0
         self.duplicates = 0
         self._rolled_through_ms: int | None = None
@@ -99,12 +116,15 @@ class SeriesRing:
         self._due_ms: int | object | None = _STALE
 
     def _is_fresh(self, cols: Columns) -> bool:
-        """No request of ``cols`` can be a replay, and no bucket awaits a refill."""
+        """No request of ``cols`` can be a replay or comes from a partition not
+        feeding the series yet, and no bucket awaits a refill."""
         if self.awaiting_refill():
             return False
         if cols.part[0] < 0:
-            return True
+            return -1 in self.feeders
         for p in np.unique(cols.part).tolist():
+            if p not in self.feeders:
+                return False
             if int(cols.offset[cols.part == p].min()) <= self.replay_floor(p):
                 return False
         return True
@@ -116,6 +136,20 @@ class SeriesRing:
     def awaiting_refill(self) -> bool:
         """Some restored bucket lost its record and waits for its input to be replayed."""
         return any(b.refill for b in self.fine.values())
+
+    def forget_feeder(
+        self, partition: int, on_close: Callable[[int], None] | None = None
+    ) -> list[int]:
+        """Stop waiting for ``partition`` (it no longer feeds the series): the
+        watermark may move on, closing what it passes (``on_close`` as in
+        :meth:`_advance`). Its next request is judged against the series' watermark."""
+        if self.feeders.pop(partition, None) is None:
+            return []
+        wm = met_watermark(self.watermark_ms, self.feeders)
+        if wm is None or wm == self.watermark_ms:
+            return []
+        self.watermark_ms = wm
+        return self._advance(wm, on_close)
 
     def _new_fine(self, start: int) -> Bucket:
         """Create the open minute bucket ``start`` (it closes, at the latest, first)."""
@@ -346,6 +380,7 @@ class SeriesRing:
             coarse=sorted(self.coarse),
             counted=self._counted,
             wm_before=[(p, o, w) for (p, o), w in self._wm_before.items()],
+            feeders=self.feeders,
         )
         return msgspec.msgpack.encode(meta)
 
@@ -392,6 +427,7 @@ class SeriesRing:
         state._rolled_through_ms = m.rolled_through_ms
         state._counted = dict(m.counted)
         state._wm_before = {(p, o): w for p, o, w in m.wm_before}
+        state.feeders = dict(m.feeders)
         for tier, starts, store in ((FINE, m.fine, state.fine), (COARSE, m.coarse, state.coarse)):
             for start in starts:
                 data = load(tier, start)

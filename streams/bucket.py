@@ -524,7 +524,7 @@ class Bucket:
             digests={k: v.to_bytes() for k, v in sorted(self.digests.items())},
             ids=ids,
             exemplars=self.exemplars,
-            applied=self.applied,
+            applied=dict(sorted(self.applied.items())),  # bytes independent of fold order
             prompts={
                 name: (t.requests, t.bad, t.exemplars) for name, t in sorted(self.prompts.items())
             },

@@ -280,11 +280,15 @@ class SeriesRing:
 
     # ----------------------------------------------------------------- queries
     def default_end(self) -> int | None:
-        """End of the bucket holding the watermark (so windows include open data)."""
-        if self.watermark_ms is None:
+        """End of the bucket holding the newest request any feeding partition
+        brought (so windows include open data, even ahead of the watermark)."""
+        newest = max(self.feeders.values(), default=self.watermark_ms)
+        if newest is None:
             return None
+        if self.watermark_ms is not None and self.watermark_ms > newest:
+            newest = self.watermark_ms
         width = self.config.bucket_ms
-        return self.watermark_ms - self.watermark_ms % width + width
+        return newest - newest % width + width
 
     def _ordered(self) -> tuple[list[int], list[int]]:
         """Starts of the held minute and hour buckets, each in time order (remembered
@@ -378,9 +382,9 @@ class SeriesRing:
             rolled_through_ms=self._rolled_through_ms,
             fine=sorted(self.fine),
             coarse=sorted(self.coarse),
-            counted=self._counted,
+            counted=dict(sorted(self._counted.items())),
             wm_before=[(p, o, w) for (p, o), w in self._wm_before.items()],
-            feeders=self.feeders,
+            feeders=dict(sorted(self.feeders.items())),
         )
         return msgspec.msgpack.encode(meta)
 

@@ -5,7 +5,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import msgspec
+import pytest
 from tailguard.agents.breaches import BreachEngine
+from tailguard.agents.errors import SettingsError
 from tailguard.agents.feeders import IdleFeeders
 from tailguard.agents.folder import SeriesFolder
 from tailguard.agents.pipeline import default_slos
@@ -94,3 +96,10 @@ def test_forgetting_the_stalled_partition_publishes_the_minutes_it_held_back() -
     assert ends and ends[0] == first_end and all(f["final"] for f in finals)
     assert ends == sorted(ends) and ends[-1] <= T0 + 300_000 - 120_000
     assert store.unsaved(0) == 1
+
+
+def test_the_idle_time_comes_from_the_environment_and_must_be_positive(monkeypatch: Any) -> None:
+    monkeypatch.setenv("TAILGUARD_FEEDER_IDLE_S", "45")
+    assert Settings.from_env().feeder_idle_s == 45.0
+    with pytest.raises(SettingsError, match="feeder_idle_s"):
+        Settings(feeder_idle_s=0)

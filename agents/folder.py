@@ -74,6 +74,8 @@ Outgoing = list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]
 Read = tuple[Series, SeriesWindows, str, int, Bucket]
 
 _MAX_GPUS_PER_SERIES = 64
+#: Series remembered as fed through the forward path (forgotten all at once past it).
+_MAX_FORWARDED_SERIES = 200_000
 #: Windows summarised together at a close: enough to share the percentile pass,
 #: few enough that their merged buckets are little memory (~6 KB each for the
 #: benchmark's series; 64 MB at worst, every window at the exact-read limit).
@@ -203,6 +205,10 @@ class SeriesFolder:
         #: rebalance revokes them all first).
         self.owned: set[int] = set()
         self.busy = asyncio.Lock()
+        #: Series that have reached this worker through the forward path: the
+        #: ingest agent forwards their home-partition requests too (see
+        #: :meth:`note_forwarded`).
+        self.forwarded: set[Series] = set()
         self.idle_feeders = IdleFeeders(settings.feeder_idle_s)
         self._specs: dict[str, list[Any]] = {}
         #: ``engine.slo_version`` the cached specs were resolved under (admin ``slo set``).
@@ -212,6 +218,23 @@ class SeriesFolder:
     def hold(self, partition: int, stream: Any, event: Any) -> None:
         """Keep ``event`` unacknowledged until ``partition``'s next checkpoint."""
         self.pending.setdefault(partition, []).append((stream, event))
+
+    def note_forwarded(self, series: list[Series]) -> None:
+        """``series`` came (also) from input partitions other than their home.
+
+        A series fed by several input partitions takes the forward path from all
+        of them (the order of one ingest batch, as through one internal
+        partition); only a series fed by its home partition alone is folded in
+        place. Each partition has its own watermark in the series' state, so once
+        a partition feeds a series the order of the partitions does not change
+        what is late; but a partition that starts feeding a series meets the
+        series' watermark, which the in-place path could run far ahead of the
+        forward path's extra hop while a backlog is read.
+        """
+        known = self.forwarded
+        if len(known) + len(series) > _MAX_FORWARDED_SERIES:
+            known.clear()
+        known.update(series)
 
     async def fold(
         self,

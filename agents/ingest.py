@@ -16,11 +16,16 @@ count — the partition its state lives on. A producer that places each event on
 its series' home partition (every producer this project ships does) sends every
 event through one broker hop; any other placement still works, through
 ``tailguard.internal.series`` (:func:`~tailguard.agents.internal.route`).
-A series that arrives on several partitions takes both paths at once: each
-input partition has its own watermark in the series' state, so which path was
-faster does not change what is late. Folding in place needs the input topic to
-have as many partitions as the tables; otherwise every event is forwarded, and
-the input is acknowledged once forwarded.
+A series that also arrives on other partitions is forwarded whole, from every
+partition, for as long as this worker remembers it
+(:meth:`~tailguard.agents.folder.SeriesFolder.note_forwarded`). Each input
+partition has its own watermark in the series' state, so once a partition
+feeds a series, how partitions interleave does not change what is late; but a
+partition that starts feeding a series meets the series' watermark, and the
+in-place path would run far ahead of the forward path's extra hop while a
+backlog is read. Folding in place needs the input topic to have as many
+partitions as the tables; otherwise every event is forwarded, and the input is
+acknowledged once forwarded.
 
 Batching: the agent buffers events and processes the buffer at
 ``ingest_batch`` messages, or from a timer once the oldest buffered message is
@@ -199,7 +204,14 @@ def register_ingest(
         gid, series = series_index(valid)
         home = np.fromiter(map(home_of, series), dtype=np.int64, count=len(series))
         part = np.fromiter((p for p, _ in positions), dtype=np.int64, count=len(valid))
-        local = np.isin(part, list(placed)) & (part == home[gid])
+        at_home = np.isin(part, list(placed)) & (part == home[gid])
+        # A series fed from another partition too (now or before) is forwarded whole.
+        spread = np.zeros(len(series), dtype=np.bool_)
+        spread[gid[~at_home]] = True
+        folder.note_forwarded([series[i] for i in np.flatnonzero(spread).tolist()])
+        forwarded = folder.forwarded
+        spread |= np.fromiter((s in forwarded for s in series), dtype=np.bool_, count=len(series))
+        local = at_home & ~spread[gid]
         n_local = int(local.sum())
         stats.events_local += n_local
         stats.events_forwarded += len(valid) - n_local

@@ -54,6 +54,7 @@ def register_sli(app: faust.App, topics: Topics, settings: Settings, folder: Ser
                     app.log.error("tailguard: skipping undecodable internal record: %s", exc)
                     stats.internal_errors += 1
                     continue
+                folder.note_forwarded(groups.series)
                 await folder.fold(partition, groups.series, groups.cols, groups.bounds, groups.gpus)
 
     @app.timer(settings.feeder_idle_s / 4, name="tailguard.sli.idle_feeders")

@@ -121,6 +121,12 @@ def main() -> None:
     writer = BulkWriter(Outputs("127.0.0.1:9"))
     tables: dict[str, Any] = {name: _Table(root, name) for name in ("series", "buckets")}
     best: dict[str, float] = {}
+    ring = RingConfig()
+
+    def new_state(series: tuple[str, str, str, str]) -> SeriesWindows:
+        state = states[series] = SeriesWindows(ring)
+        return state
+
     for round_ in range(ROUNDS):
         batch = msgs[round_ * BATCH : (round_ + 1) * BATCH]
         with gc_paused():  # as the ingest agent processes a batch
@@ -137,7 +143,7 @@ def main() -> None:
             grouped = list(by_partition.values())
             t2 = time.perf_counter()
             for (part, _), groups in zip(by_partition.items(), grouped, strict=True):
-                series = [states.setdefault(s, SeriesWindows(RingConfig())) for s in groups.series]
+                series = [states.get(s) or new_state(s) for s in groups.series]
                 home.update((s, part) for s in groups.series)
                 fold_many(series, groups.cols, groups.bounds)
             t3 = time.perf_counter()

@@ -84,11 +84,7 @@ def _segmented_prior_max(ts: np.ndarray, g: np.ndarray, floor: np.ndarray) -> np
 
 
 def _judged_against(
-    states: Sequence[SeriesRing],
-    ts: np.ndarray,
-    g: np.ndarray,
-    feed: np.ndarray,
-    feed_keys: np.ndarray,
+    states: Sequence[SeriesRing], ts: np.ndarray, feed: np.ndarray, feed_keys: np.ndarray
 ) -> np.ndarray:
     """Per request: the watermark its lateness is judged against — the newest
     earlier request of its series and input partition (``feed``: a key from
@@ -157,7 +153,7 @@ def fold_many(
     # -- lateness: each request against the watermark it meets -------------------
     ts = cols.ts[rows]
     g = g_all[rows]
-    judge = _judged_against(states, ts, g, g * _PARTS + (cols.part[rows] + 1), feed_keys)
+    judge = _judged_against(states, ts, g * _PARTS + (cols.part[rows] + 1), feed_keys)
     cfg = states[0].config
     if any(s.config != cfg for s in states):
         msg = "fold_many needs one RingConfig for the whole batch"

@@ -12,6 +12,7 @@ t-digests whose merge is associative up to the digest's stated error.
 """
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -285,6 +286,16 @@ class Counters:
         return n, bad, ttft_n, ttft_us
 
 
+def sum_counters(parts: Sequence["Bucket"]) -> Counters:
+    """The counters of ``parts`` added up (one numpy sum over their rows)."""
+    if not parts:
+        return Counters()
+    if len(parts) == 1:
+        return Counters.from_list(parts[0].counters.as_list())
+    total = np.add.reduce([part.counter_row() for part in parts])
+    return Counters.from_list(total.tolist())
+
+
 class _Wire(msgspec.Struct, array_like=True):
     start_ms: int
     counters: list[int]
@@ -319,6 +330,8 @@ class Bucket:
     #: Restored empty because its record was lost: the series takes the
     #: request-by-request replay path until the replay refilled it (never stored).
     refill: bool = False
+    #: :meth:`counter_row`, kept once the bucket is closed (its counts no longer change).
+    _row: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def empty(cls, start_ms: int) -> "Bucket":
@@ -336,6 +349,7 @@ class Bucket:
         One digest update per metric whatever the number of requests; counters
         are exact. ``index`` must be increasing (input order).
         """
+        self._row = None
         c = self.counters
         warm = cols.warmup[index]
         n_warm = int(np.count_nonzero(warm))
@@ -467,6 +481,7 @@ class Bucket:
 
     def merge(self, other: "Bucket", max_centroids: int) -> None:
         """Fold another bucket in (used by windows and by the hourly roll-up)."""
+        self._row = None
         self.counters.add(other.counters)
         for name, sketch in other.digests.items():
             mine = self.digests.get(name)
@@ -491,12 +506,10 @@ class Bucket:
         Cheaper than folding with :meth:`merge` one part at a time: exact
         values are concatenated once and each digest is merged once.
         """
-        out = cls(start_ms=0, ids=None)
-        counters = out.counters
+        out = cls(start_ms=0, ids=None, counters=sum_counters(parts))
         exemplars: list[tuple[float, str]] = []
         by_metric: dict[str, list[Sketch]] = {}
         for part in parts:
-            counters.add(part.counters)
             exemplars.extend(part.exemplars)
             for name, sketch in part.digests.items():
                 by_metric.setdefault(name, []).append(sketch)
@@ -508,6 +521,20 @@ class Bucket:
         }
         out.exemplars = heapq.nlargest(EXEMPLARS, exemplars)
         return out
+
+    def add_counts(self, values: list[int]) -> None:
+        """Add counts given in :class:`Counters` field order."""
+        self._row = None
+        self.counters.add_list(values)
+
+    def counter_row(self) -> np.ndarray:
+        """The counters as one int64 row, in :class:`Counters` field order."""
+        row = self._row
+        if row is None:
+            row = np.array(self.counters.as_list(), dtype=np.int64)
+            if self.ids is None and not self.refill:
+                self._row = row
+        return row
 
     def close(self) -> None:
         """Forget the event ids: no event can join a closed bucket any more."""

@@ -423,7 +423,7 @@ def _absorb_all(
             continue
         for name, n, n_bad, found in prompts.get(b, ()):
             bucket.add_prompt(name, n, n_bad, found)
-        bucket.counters.add_list(row)
+        bucket.add_counts(row)
         for name, values, off in metrics:
             lo, hi = off[b], off[b + 1]
             if hi > lo:

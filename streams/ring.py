@@ -43,7 +43,7 @@ from typing import Self
 
 import msgspec
 import numpy as np
-from tailguard.streams.bucket import Bucket, Counters
+from tailguard.streams.bucket import Bucket, Counters, sum_counters
 from tailguard.streams.columns import Columns
 from tailguard.streams.digest import READ_EXACT_LIMIT
 from tailguard.streams.errors import CorruptStateError
@@ -368,10 +368,7 @@ class SeriesRing:
 
     def counters(self, window_ms: int, end_ms: int | None = None) -> Counters:
         """Exact counters of a window, without merging digests (cheap: burn rates)."""
-        total = Counters()
-        for part in self._parts(window_ms, end_ms):
-            total.add(part.counters)
-        return total
+        return sum_counters(self._parts(window_ms, end_ms))
 
     # ----------------------------------------------------------------- storage
     def meta_bytes(self) -> bytes:

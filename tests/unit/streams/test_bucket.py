@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tailguard.streams import PERCENTILES, CorruptStateError, Thresholds
-from tailguard.streams.bucket import EXEMPLARS, METRICS, Bucket, Counters, event_hash
+from tailguard.streams.bucket import (
+    EXEMPLARS,
+    METRICS,
+    Bucket,
+    Counters,
+    event_hash,
+    sum_counters,
+)
 from tailguard.streams.columns import Columns, event_hashes
 from tailguard.streams.digest import DEFAULT_MAX_CENTROIDS, Sketch
 
@@ -269,3 +276,42 @@ def test_every_metric_has_a_digest_after_a_full_request() -> None:
         applied=(),
     )
     assert set(build(recipe).digests) == set(METRICS)
+
+
+def _one_more(bucket: Bucket, event_id: str) -> None:
+    req = _Req(event_id, bucket.start_ms, "ok", 900.0, 120.0, 8, [30.0, 40.0], None, False)
+    bucket.absorb(Columns.from_events([req]), np.arange(1), MC, Thresholds())
+
+
+def test_a_closed_buckets_counter_row_follows_a_refill() -> None:
+    bucket = Bucket.empty(0)
+    _one_more(bucket, "a")
+    bucket.close()
+    first = bucket.counter_row().tolist()
+    assert first == bucket.counters.as_list()
+    _one_more(bucket, "b")  # a replay refilling the closed bucket
+    assert bucket.counter_row().tolist() == bucket.counters.as_list() != first
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.builds(
+            Recipe,
+            requests=st.lists(request, max_size=8).map(tuple),
+            bulk=st.just(0),
+            seed=st.integers(0, 99),
+            closed=st.booleans(),
+            applied=st.just(()),
+        ),
+        max_size=6,
+    )
+)
+def test_summed_counters_equal_adding_them_one_by_one(recipes: list[Recipe]) -> None:
+
+    parts = [build(r) for r in recipes]
+    one_by_one = Counters()
+    for part in parts:
+        one_by_one.add(part.counters)
+    assert sum_counters(parts) == one_by_one
+    assert sum_counters(parts) == sum_counters(parts)  # cached rows change nothing

@@ -44,7 +44,7 @@ class Settings:
     allowed_lateness_ms: int = 120_000
     #: A series fed by several input partitions waits for the slowest of them;
     #: one that has brought it nothing for this long (wall time) is no longer waited for.
-    feeder_idle_s: float = 300.0
+    feeder_idle_s: float = 60.0
     #: Ingest batching: forward per-series batches every ``ingest_batch`` messages or
     #: ``ingest_within_s`` seconds, whichever comes first.
     ingest_batch: int = 500

@@ -78,8 +78,8 @@ def series_fields(s: int, series: int) -> dict[str, str]:
 
 
 def make_messages(n: int, series: int, seed: int = 1) -> list[bytes]:
-    """``n`` requests at 100 per ms of event time, then one closing request per series
-    (messages of random series)."""
+    """``n`` requests at 100 per ms of event time, then closing requests (messages of
+    random series; see :func:`make_placed_messages`)."""
     return [value for _, value in make_placed_messages(n, series, seed, partitions=None)]
 
 
@@ -88,7 +88,9 @@ def make_placed_messages(
 ) -> list[tuple[int | None, bytes]]:
     """:func:`make_messages` as ``(partition, message)``: with ``partitions``, every
     message holds up to ``PER_MESSAGE`` events of one home partition, in event
-    time order; without, ``PER_MESSAGE`` consecutive events and no partition."""
+    time order; without, ``PER_MESSAGE`` consecutive events and no partition (but
+    the closing requests: one per series on each of the ``PARTITIONS`` partitions,
+    which all feed every series then)."""
     rng = np.random.default_rng(seed)
     # The minute the events fill ends on a 5-minute boundary: the close then
     # publishes final 1m, 5m and 1h snapshots (the costliest close), every run.
@@ -140,20 +142,29 @@ def make_placed_messages(
     close_all()
     # Closing requests: past every series' last bucket + lateness, so its minutes close.
     closing = start + n // PER_MS + LATENESS_MS + 120_000
-    for s in range(series):
-        add(
-            s,
-            {
-                "event_id": f"close{s}",
-                "ts_ms": closing,
-                **names[s],
-                "status": "ok",
-                "ttft_ms": 100.0,
-                "e2e_ms": 200.0,
-                "output_tokens": 1,
-            },
-        )
-    close_all()
+
+    def closing_request(s: int, event_id: str) -> dict[str, Any]:
+        return {
+            "event_id": event_id,
+            "ts_ms": closing,
+            **names[s],
+            "status": "ok",
+            "ttft_ms": 100.0,
+            "e2e_ms": 200.0,
+            "output_tokens": 1,
+        }
+
+    if partitions is not None:
+        for s in range(series):
+            add(s, closing_request(s, f"close{s}"))
+        close_all()
+        return msgs
+    # At random every partition feeds every series, and a series' watermark is the
+    # lowest of its partitions': one closing request per series on each partition.
+    for part in range(PARTITIONS):
+        batch = [closing_request(s, f"close{s}-{part}") for s in range(series)]
+        for lo in range(0, series, PER_MESSAGE):
+            msgs.append((part, enc.encode(batch[lo : lo + PER_MESSAGE])))
     return msgs
 
 

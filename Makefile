@@ -105,6 +105,7 @@ bench-gateway: install
 bench: install bench-ab
 	@$(TEST_ENV) $(KAFKA) up
 	@status=0; $(BIN)/python -m bench.hotpath && $(BIN)/python -m bench.close && \
+		$(BIN)/python -m bench.wire && \
 		TAILGUARD_BROKER=$(TEST_BROKER) $(BIN)/python -m bench.throughput && \
 		TAILGUARD_BROKER=$(TEST_BROKER) $(BIN)/python -m bench.burst || status=$$?; \
 		$(TEST_ENV) $(KAFKA) down; exit $$status

@@ -4,8 +4,9 @@ A series' watermark is the lowest of the watermarks of the input partitions
 that feed it (:mod:`tailguard.streams.ring`). A partition that fed a series
 and then no more (a producer that changed its keys, a one-off message) would
 hold that series' closes back for good: once it has brought the series
-nothing for ``feeder_idle_s`` seconds of wall time, the series forgets it (its
-next request, if any, is judged against the series' watermark).
+nothing for ``feeder_idle_s`` seconds of wall time while its watermark is
+behind another partition's, the series forgets it (its next request, if any,
+is judged against the series' watermark).
 
 Wall time, not event time: catching up after a restart, one partition may run
 far ahead of another in event time without either having stopped.
@@ -30,28 +31,24 @@ class IdleFeeders:
         self, series: Iterable[tuple[str, CachedSeries]], now: float
     ) -> list[tuple[str, CachedSeries, int]]:
         """The ``(series, cached, partition)`` whose partition has not moved the
-        series' input position for ``idle_s`` (wall time ``now``, in seconds)
-        while another partition has since: a series all of whose partitions are
-        quiet is just quiet, and keeps waiting for all of them."""
+        series' input position for ``idle_s`` (wall time ``now``, in seconds) and
+        holds its watermark back (another partition brought newer requests). A
+        series all of whose partitions stand at the same time waits for them all."""
         found: list[tuple[str, CachedSeries, int]] = []
         marks: dict[tuple[str, int], tuple[int, float]] = {}
         for key, cached in series:
             state = cached.state
-            if len(state.feeders) < 2:
+            feeders = state.feeders
+            if len(feeders) < 2:
                 continue
-            moved_at: dict[int, float] = {}
-            for partition in state.feeders:
+            newest = max(feeders.values())
+            for partition, wm in feeders.items():
                 mark = state.replay_floor(partition)
                 before = self._marks.get((key, partition))
                 if before is None or before[0] != mark:
                     before = (mark, now)
                 marks[(key, partition)] = before
-                moved_at[partition] = before[1]
-            latest = max(moved_at.values())
-            found += [
-                (key, cached, partition)
-                for partition, at in moved_at.items()
-                if now - at >= self.idle_s and at < latest
-            ]
+                if wm < newest and now - before[1] >= self.idle_s:
+                    found.append((key, cached, partition))
         self._marks = marks
         return found

@@ -84,18 +84,12 @@ def _segmented_prior_max(ts: np.ndarray, g: np.ndarray, floor: np.ndarray) -> np
 
 
 def _judged_against(
-    states: Sequence[SeriesRing], ts: np.ndarray, feed: np.ndarray, feed_keys: np.ndarray
+    ts: np.ndarray, feed: np.ndarray, feed_keys: np.ndarray, floor: np.ndarray
 ) -> np.ndarray:
     """Per request: the watermark its lateness is judged against — the newest
     earlier request of its series and input partition (``feed``: a key from
-    ``feed_keys``), at least that partition's watermark and the series'."""
-    floor = np.empty(feed_keys.size, dtype=np.int64)
-    for i, key in enumerate(feed_keys.tolist()):
-        gi, p = divmod(key, _PARTS)
-        state = states[gi]
-        own = state.feeders.get(p - 1, _NO_WM)
-        wm = _NO_WM if state.watermark_ms is None else state.watermark_ms
-        floor[i] = own if own > wm else wm
+    ``feed_keys``), at least ``floor`` of that key (the partition's watermark or
+    the series', whichever is higher)."""
     segment = np.searchsorted(feed_keys, feed)
     if segment.size < 2 or bool((segment[1:] >= segment[:-1]).all()):
         # One partition per series (the usual case): segments come in order.
@@ -132,13 +126,17 @@ def fold_many(
     with_positions = bool(cols.part[0] >= 0)
     fresh = np.ones(n_groups, dtype=np.bool_)
     feed_keys, lowest = _reduce_by(g_all * _PARTS + (cols.part + 1), cols.offset, np.minimum)
-    for key, low in zip(feed_keys.tolist(), lowest.tolist(), strict=True):
+    floor = np.full(feed_keys.size, _NO_WM, dtype=np.int64)  # see _judged_against
+    for i, (key, low) in enumerate(zip(feed_keys.tolist(), lowest.tolist(), strict=True)):
         gi, p = divmod(key, _PARTS)
         p -= 1
-        if fresh[gi] and (
-            p not in states[gi].feeders or (p >= 0 and low <= states[gi].replay_floor(p))
-        ):
+        state = states[gi]
+        own = state.feeders.get(p)
+        if own is None or (p >= 0 and low <= state.replay_floor(p)):
             fresh[gi] = False
+        elif fresh[gi]:
+            wm = state.watermark_ms
+            floor[i] = own if wm is None or own > wm else wm
     for gi, state in enumerate(states):
         if fresh[gi] and state.awaiting_refill():
             fresh[gi] = False
@@ -153,7 +151,7 @@ def fold_many(
     # -- lateness: each request against the watermark it meets -------------------
     ts = cols.ts[rows]
     g = g_all[rows]
-    judge = _judged_against(states, ts, g * _PARTS + (cols.part[rows] + 1), feed_keys)
+    judge = _judged_against(ts, g * _PARTS + (cols.part[rows] + 1), feed_keys, floor)
     cfg = states[0].config
     if any(s.config != cfg for s in states):
         msg = "fold_many needs one RingConfig for the whole batch"

@@ -107,7 +107,8 @@ def add_replay(
                     ids.add(h)
                 accs.setdefault(start, []).append(i)
                 result.accepted += 1
-        if ts > feeders.get(part, _NONE):
+        own = feeders.get(part)
+        if own is None or ts > own:
             feeders[part] = ts
             moved = met_watermark(wm, feeders)
             if moved != wm:
@@ -137,9 +138,6 @@ def add_replay(
         # pruned: settle them exactly as the first pass did.
         result.closed_ends.extend(state._advance(wm, on_close))
     return result
-
-
-_NONE = -(2**63)
 
 
 def _floor(own: int | None, series: int | None) -> int | None:

@@ -100,6 +100,13 @@ def _judged_against(
     return out
 
 
+def _first_feeder(state: SeriesRing, feeds: int) -> bool:
+    """Whether the one partition feeding a series in this batch is its first feeder
+    ever: nothing to meet, so the batched path judges it exactly as the
+    request-by-request path would (each request against the newest before it)."""
+    return feeds == 1 and not state.feeders and state.watermark_ms is None and not state.fine
+
+
 def fold_many(
     states: Sequence[SeriesRing],
     cols: Columns,
@@ -127,11 +134,15 @@ def fold_many(
     fresh = np.ones(n_groups, dtype=np.bool_)
     feed_keys, lowest = _reduce_by(g_all * _PARTS + (cols.part + 1), cols.offset, np.minimum)
     floor = np.full(feed_keys.size, _NO_WM, dtype=np.int64)  # see _judged_against
+    feeds_per_group = np.bincount(feed_keys // _PARTS, minlength=n_groups)
     for i, (key, low) in enumerate(zip(feed_keys.tolist(), lowest.tolist(), strict=True)):
         gi, p = divmod(key, _PARTS)
         p -= 1
         state = states[gi]
         own = state.feeders.get(p)
+        if own is None and _first_feeder(state, int(feeds_per_group[gi])):
+            state.feeders[p] = _NO_WM  # moved below by its first request that is not late
+            continue
         if own is None or (p >= 0 and low <= state.replay_floor(p)):
             fresh[gi] = False
         elif fresh[gi]:
@@ -222,7 +233,7 @@ def fold_many(
         ids = bucket.ids
         members = border[boff[b] : boff[b + 1]]
         if ids is None:
-            state._closed_cache.clear()
+            state.release_window_cache()
             continue
         hashes = hashes_all[members].tolist()
         fresh_ids = set(hashes)

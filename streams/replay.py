@@ -168,7 +168,7 @@ def _fold(
         bucket = state.fine[start]
         if bucket.ids is None:
             # A replay refilling a closed bucket: merged closed parts are stale.
-            state._closed_cache.clear()
+            state.release_window_cache()
         bucket.absorb(cols, np.asarray(index, dtype=np.int64), cfg.max_centroids, state.thresholds)
         state._touch(FINE, start)
     accs.clear()

@@ -101,10 +101,12 @@ class SeriesRing:
         self._counted: dict[int, int] = {}
         #: Watermark each recent input message met, for judging its replay alike.
         self._wm_before: dict[tuple[int, int], int | None] = {}
-        #: Merged closed buckets per (window, end, first, last, n): closed buckets
-        #: never change, so a window's closed part is merged once per minute,
-        #: and a provisional snapshot only adds the open buckets to it.
-        self._closed_cache: dict[tuple[int, int, int, int, int], Bucket] = {}
+        #: Merged closed buckets per (end, hours, minutes): closed buckets never
+        #: change, so a window's closed part is merged once per minute, and a
+        #: provisional snapshot only adds the open buckets to it.
+        self._closed_cache: dict[tuple[int, tuple[int, ...], tuple[int, ...]], Bucket] = {}
+        #: Counters of windows of closed buckets only, per (window, end).
+        self._counter_cache: dict[tuple[int, int], Counters] = {}
         self._dirty: set[tuple[str, int]] = set()
         self._deleted: set[tuple[str, int]] = set()
         #: Highest input offset per partition any restored bucket had applied
@@ -299,9 +301,14 @@ class SeriesRing:
 
     def _parts(self, window_ms: int, end_ms: int | None) -> list[Bucket]:
         """The buckets a window holds, hours then minutes, each in time order."""
+        hours, minutes = self._tiers(window_ms, end_ms)
+        return hours + minutes
+
+    def _tiers(self, window_ms: int, end_ms: int | None) -> tuple[list[Bucket], list[Bucket]]:
+        """The hour and the minute buckets a window holds, each in time order."""
         end = self.default_end() if end_ms is None else end_ms
         if end is None:
-            return []
+            return [], []
         cfg = self.config
         start = end - window_ms
         rollup = cfg.rollup_ms
@@ -312,8 +319,8 @@ class SeriesRing:
         horizon = end - (cfg.fine_retention_ms - cfg.allowed_lateness_ms - cfg.bucket_ms)
         minutes, hours = self._ordered()
         used = hours[bisect_left(hours, start) : bisect_right(hours, end - rollup)]
-        parts = [self.coarse[hour] for hour in used]
         skip = set(used)
+        fine = []
         for s in minutes[bisect_left(minutes, start) : bisect_left(minutes, end)]:
             hour = s - s % rollup
             if hour in skip:
@@ -321,8 +328,8 @@ class SeriesRing:
             # A whole hour not rolled up yet still has all its minutes (pruning
             # only follows roll-up); a partial hour counts only its recent minutes.
             if (hour >= start and hour + rollup <= end) or s >= horizon:
-                parts.append(self.fine[s])
-        return parts
+                fine.append(self.fine[s])
+        return [self.coarse[hour] for hour in used], fine
 
     def window(self, window_ms: int, end_ms: int | None = None) -> Bucket:
         """Merged bucket (counters, digests, exemplars) of ``[end − W, end)``.
@@ -332,15 +339,21 @@ class SeriesRing:
         every reader of the end (a minute's close reads some windows three times).
         """
         end = self.default_end() if end_ms is None else end_ms
-        parts = self._parts(window_ms, end)
+        hours, minutes = self._tiers(window_ms, end)
+        parts = hours + minutes
         closed = [p for p in parts if p.ids is None and not p.refill]
         live = [p for p in parts if p.ids is not None or p.refill]
         mc = self.config.max_centroids
         exact = READ_EXACT_LIMIT
         if not closed:
             return Bucket.combine(live, mc, exact)
-        starts = [p.start_ms for p in closed]
-        key = (window_ms, end or 0, min(starts), max(starts), len(closed))
+        # Windows of one end holding the same closed buckets share one merge (a
+        # young series' 1m, 5m and 1h windows often hold the same minutes).
+        key = (
+            end or 0,
+            tuple(p.start_ms for p in hours if p.ids is None and not p.refill),
+            tuple(p.start_ms for p in minutes if p.ids is None and not p.refill),
+        )
         cached = self._closed_cache.get(key)
         if cached is None:
             if len(self._closed_cache) >= 32:
@@ -360,6 +373,7 @@ class SeriesRing:
         done they are only memory — about a merged digest per window per series.
         """
         self._closed_cache.clear()
+        self._counter_cache.clear()
 
     def exemplars(self, window_ms: int, end_ms: int | None = None, k: int = 5) -> list[str]:
         """Trace ids of the ``k`` slowest requests (by E2E) of a window, slowest first."""
@@ -367,8 +381,22 @@ class SeriesRing:
         return [trace for _, trace in heapq.nlargest(k, candidates)]
 
     def counters(self, window_ms: int, end_ms: int | None = None) -> Counters:
-        """Exact counters of a window, without merging digests (cheap: burn rates)."""
-        return sum_counters(self._parts(window_ms, end_ms))
+        """Exact counters of a window, without merging digests (cheap: burn rates).
+
+        Read them, do not change them: the counters of a window of closed buckets
+        are kept for that end like :meth:`window`'s merges (every SLO of a series
+        reads the same few windows at a minute's close)."""
+        end = self.default_end() if end_ms is None else end_ms
+        parts = self._parts(window_ms, end)
+        if any(p.ids is not None or p.refill for p in parts):
+            return sum_counters(parts)
+        key = (window_ms, end or 0)
+        counters = self._counter_cache.get(key)
+        if counters is None:
+            if len(self._counter_cache) >= 32:
+                self._counter_cache.clear()
+            counters = self._counter_cache[key] = sum_counters(parts)
+        return counters
 
     # ----------------------------------------------------------------- storage
     def meta_bytes(self) -> bytes:

@@ -72,22 +72,30 @@ def summarize_many(
     """
     qs = list(PERCENTILES.values())
     names = tuple(PERCENTILES)
-    # Every (window, metric or stage) with values, then all their percentiles at once.
-    counts: list[dict[str, int]] = []
+    # Every (window, metric or stage) with values, then all their percentiles at
+    # once; a merged bucket read for several windows (they held the same buckets)
+    # is summarised once.
+    counts: dict[int, dict[str, int]] = {}
     sketches: list[Sketch] = []
     for bucket, _, _ in windows:
+        if id(bucket) in counts:
+            continue
         n_of = {name: sketch.n_values for name, sketch in bucket.digests.items()}
-        counts.append(n_of)
+        counts[id(bucket)] = n_of
         sketches.extend(sketch for name, sketch in bucket.digests.items() if n_of[name])
     found = iter(quantiles_many(sketches, qs))
     empty = dict.fromkeys(names)
-    out = []
-    for n_of, (bucket, window_ms, thresholds) in zip(counts, windows, strict=True):
-        # Percentiles in the order the sketches were listed above.
-        rows = {
+    # Percentiles in the order the sketches were listed above.
+    percentiles = {
+        key: {
             name: {"count": n, **(dict(zip(names, next(found), strict=True)) if n else empty)}
             for name, n in n_of.items()
         }
+        for key, n_of in counts.items()
+    }
+    out = []
+    for bucket, window_ms, thresholds in windows:
+        rows = percentiles[id(bucket)]
         latency = {m: rows.get(m) or {"count": 0, **empty} for m in METRICS}
         stages = {
             name[len(STAGE_PREFIX) :]: rows[name]

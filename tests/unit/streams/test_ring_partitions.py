@@ -7,6 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tailguard.streams import AddResult, SeriesWindows
+from tailguard.streams import fold as fold_module
 from tailguard.streams.columns import Columns
 from tailguard.streams.replay import add_replay
 
@@ -105,6 +106,32 @@ def test_vectorised_path_equals_the_request_by_request_path_over_several_partiti
         assert fast.window(w).to_bytes() == slow.window(w).to_bytes()
 
 
+@settings(max_examples=120, deadline=None)
+@given(plan=moves, size=st.integers(min_value=1, max_value=6), per_call=st.integers(1, 5))
+def test_a_new_series_on_one_partition_is_folded_as_the_request_by_request_path_does(
+    make_event: MakeEvent, plan: list[Any], size: int, per_call: int
+) -> None:
+    """Its first partition meets no watermark: the batched path takes its first
+    batch (out-of-order requests in it judged against the newest before them)."""
+    messages = [
+        (3, offset, requests)
+        for offset, requests in enumerate(in_messages(stream(plan, make_event), size))
+    ]
+    fast, slow = SeriesWindows(SMALL), SeriesWindows(SMALL)
+    fast_closes: list[int] = []
+    slow_closes: list[int] = []
+    fast_results, slow_results = [], []
+    for i in range(0, len(messages), per_call):
+        cols = columns(messages[i : i + per_call])
+        fast_results.append(fast.add_columns(cols, fast_closes.append))
+        slow_results.append(add_replay(slow, cols, slow_closes.append))
+    assert totals(fast_results) == totals(slow_results)
+    assert fast_closes == slow_closes
+    assert fast.feeders == slow.feeders
+    assert fast.watermark_ms == slow.watermark_ms
+    assert fingerprint(fast) == fingerprint(slow)
+
+
 def test_a_partition_behind_holds_the_close_back_and_its_requests_are_not_late(
     make_event: MakeEvent,
 ) -> None:
@@ -155,3 +182,24 @@ def test_feeders_survive_a_restore(make_event: MakeEvent) -> None:
     )
     assert restored.feeders == {0: T0, 3: T0 + 500}
     assert restored.watermark_ms == T0
+
+
+def test_a_new_series_takes_the_batched_path_and_a_second_partition_does_not(
+    make_event: MakeEvent, monkeypatch: Any
+) -> None:
+    calls: list[int] = []
+    real = fold_module.add_replay
+
+    def counting(state: Any, cols: Columns, on_close: Any) -> AddResult:
+        calls.append(len(cols))
+        return real(state, cols, on_close)
+
+    monkeypatch.setattr(fold_module, "add_replay", counting)
+    windows = SeriesWindows(SMALL)
+    first = [make_event(T0 + i, event_id=f"a{i}") for i in range(5)]
+    windows.add_columns(columns([(0, 0, first)]))
+    assert calls == []
+    assert windows.feeders == {0: T0 + 4}
+    second = [make_event(T0 + 10 + i, event_id=f"b{i}") for i in range(3)]
+    windows.add_columns(columns([(1, 0, second)]))
+    assert calls == [3]

@@ -86,6 +86,7 @@ __all__ = [
     "Reject",
     "decode",
     "encode",
+    "message_problem",
 ]
 
 Kind = Literal["inference", "interaction", "gpu", "kv", "eval", "admin"]
@@ -407,6 +408,11 @@ def _too_deep(raw: bytes, max_depth: int) -> bool:
     # Brackets inside strings may have inflated the count: recount without strings.
     stripped = _JSON_STRING.sub(b"", raw)
     return _deeper_than(stripped.translate(_CURLY_TO_SQUARE, _NOT_BRACKETS), max_depth)
+
+
+def message_problem(raw: bytes, limits: Limits) -> Reject | None:
+    """Why a message is refused whole before any decoding (size, UTF-8, nesting), if it is."""
+    return _whole_message_problem(raw, limits)
 
 
 def _whole_message_problem(raw: bytes, limits: Limits) -> Reject | None:

@@ -1,0 +1,393 @@
+"""The columnar form of ``tailguard.inference``: one array per field, not one object per request.
+
+A row message (a JSON array of request objects) repeats every field name for
+every request, and a consumer builds one object per request, with its lists,
+before it can read a single column. The columnar form holds the same requests
+as one JSON object::
+
+    {"schema": "tailguard.inference.columns.v1",
+     "series": [["chat", "llama-3-70b", "default", "default"], ...],
+     "requests": {
+       "series":   [0, 0, 1],             # each request's series: an index into "series"
+       "event_id": ["a1", "a2", "b1"],
+       "ts_ms":    [...], "status": [...], "e2e_ms": [...],
+       "ttft_ms":  [181.2, null, 97.5],   # null: the request has no value (the field's default)
+       "itl_len":  [2, 0, 1],             # gaps per request ...
+       "itl_ms":   [30.1, 29.8, 41.0],    # ... and every request's gaps, concatenated in order
+       "host": [...], "gpu_ids": [...], "experiments": [...], ...
+     }}
+
+Every field of ``tailguard.inference.v1`` but the series (``service``,
+``model``, ``variant``, ``tenant``: named once in ``series``) and ``itl_ms``
+(``itl_len`` + the concatenated ``itl_ms``) is a column of the same name with
+one entry per request, ``null`` where the request has none. ``event_id``,
+``ts_ms``, ``status`` and ``e2e_ms`` are required; any other column may be
+left out (no request has it). Unknown columns are ignored, as unknown fields
+of a row are.
+
+Validation is the row form's, request by request: a request the row form
+would refuse is dead-lettered alone, with the same reason and detail, as the
+row object it stands for (``Reject.index`` is its position in the columns).
+A message whose columns disagree (lengths, a series index past ``series``,
+gap counts that do not add up) is refused whole (``inconsistent``).
+
+How (:func:`decode_columns`): one typed msgspec call decodes every column
+into lists and checks each value's type and range in C; the rules a type
+cannot express (a timestamp too far ahead, TTFT over E2E, durations over the
+limit...) are screened on numpy arrays of the columns, and only the requests
+the screen flags — plus the rare ones carrying ``queue_ms``, ``stages_ms``,
+``cache`` or ``batch`` — are rebuilt as rows and judged by the row decoder,
+which has the last word. A message the typed call refuses is taken apart
+request by request the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Final, Literal, get_type_hints
+
+import msgspec
+import numpy as np
+from tailguard.schemas.codec import Limits, Reject, decode, message_problem
+from tailguard.schemas.errors import DeadLetterReason
+from tailguard.schemas.records import Count, DurationMs, InferenceEvent, Name
+
+__all__ = [
+    "COLUMNS_SCHEMA_ID",
+    "OPTIONAL",
+    "REQUIRED",
+    "ColumnsDecoded",
+    "InferenceColumns",
+    "Requests",
+    "decode_columns",
+    "encode_columns",
+    "events_of",
+    "is_columnar",
+]
+
+COLUMNS_SCHEMA_ID: Final = "tailguard.inference.columns.v1"
+SERIES_FIELDS: Final = ("service", "model", "variant", "tenant")
+REQUIRED: Final = ("event_id", "ts_ms", "status", "e2e_ms")
+#: The columns a request may leave out, in the row record's field order.
+OPTIONAL: Final = tuple(
+    f.name
+    for f in msgspec.structs.fields(InferenceEvent)
+    if f.name not in {"schema", "itl_ms", *SERIES_FIELDS, *REQUIRED}
+)
+#: Columns whose requests are always judged by the row decoder (their rules are rare).
+_ALWAYS_JUDGED: Final = ("queue_ms", "stages_ms", "cache", "batch")
+
+_hints = get_type_hints(InferenceEvent, include_extras=True)
+
+Requests = msgspec.defstruct(
+    "Requests",
+    [
+        ("series", list[Count]),
+        *[(name, list[_hints[name]]) for name in REQUIRED],  # type: ignore[valid-type]
+        ("itl_len", list[Count] | None, None),
+        ("itl_ms", list[DurationMs] | None, None),
+        *[(name, list[_hints[name] | None] | None, None) for name in OPTIONAL],  # type: ignore[valid-type]
+    ],
+    kw_only=True,
+    forbid_unknown_fields=False,
+    omit_defaults=True,
+)
+
+
+#: One columnar message (see the module docstring).
+InferenceColumns = msgspec.defstruct(
+    "InferenceColumns",
+    [
+        ("schema", Literal["tailguard.inference.columns.v1"]),
+        ("series", list[tuple[Name, Name, Name, Name]]),
+        ("requests", Requests),
+    ],
+    kw_only=True,
+    forbid_unknown_fields=False,
+)
+
+
+@dataclass(slots=True)
+class ColumnsDecoded:
+    """What :func:`decode_columns` made of one message.
+
+    ``message`` holds every request of the message as sent (None when the
+    message was refused whole); ``keep`` marks the valid ones (None: all are).
+    """
+
+    message: Any  # an InferenceColumns, or None
+    keep: np.ndarray | None
+    rejects: list[Reject]
+
+    def __len__(self) -> int:
+        if self.message is None:
+            return 0
+        n = len(self.message.requests.event_id)
+        return n if self.keep is None else int(self.keep.sum())
+
+
+_DECODER: Final = msgspec.json.Decoder(InferenceColumns)
+_ENCODER: Final = msgspec.json.Encoder()
+_MARKER: Final = COLUMNS_SCHEMA_ID.encode()
+
+
+def is_columnar(raw: bytes) -> bool:
+    """Whether a message names the columnar schema near its start (where producers
+    put it); a row message never does, and a false positive is judged as columns."""
+    return _MARKER in raw[:256] and raw.lstrip(b" \t\r\n")[:1] == b"{"
+
+
+def encode_columns(events: list[InferenceEvent]) -> bytes:
+    """The columnar message holding ``events`` (what a producer sends)."""
+    index: dict[tuple[str, str, str, str], int] = {}
+    columns: dict[str, list[Any]] = {name: [] for name in ("series", *REQUIRED)}
+    optional: dict[str, list[Any]] = {name: [] for name in OPTIONAL}
+    itl_len: list[int] = []
+    itl: list[float] = []
+    for ev in events:
+        key = (ev.service, ev.model, ev.variant, ev.tenant)
+        columns["series"].append(index.setdefault(key, len(index)))
+        for name in REQUIRED:
+            columns[name].append(getattr(ev, name))
+        for name, column in optional.items():
+            column.append(getattr(ev, name))
+        itl_len.append(len(ev.itl_ms))
+        itl.extend(ev.itl_ms)
+    defaults = InferenceEvent(event_id="x", ts_ms=0, service="s", model="m", status="ok", e2e_ms=0)
+    for name, column in optional.items():
+        default = getattr(defaults, name)
+        if any(value != default for value in column):
+            columns[name] = [None if value == default else value for value in column]
+    if any(itl_len):
+        columns["itl_len"] = itl_len
+        columns["itl_ms"] = itl
+    return _ENCODER.encode(
+        {"schema": COLUMNS_SCHEMA_ID, "series": list(index), "requests": columns}
+    )
+
+
+def events_of(decoded: ColumnsDecoded, rows: list[int] | None = None) -> list[InferenceEvent]:
+    """The valid requests of a decoded message (or those at ``rows``) as row records.
+
+    Built without validating again: the decode has checked every value."""
+    message = decoded.message
+    if message is None:
+        return []
+    req = message.requests
+    n = len(req.event_id)
+    if rows is None:
+        rows = list(range(n)) if decoded.keep is None else np.flatnonzero(decoded.keep).tolist()
+    starts = np.r_[0, np.cumsum(req.itl_len)].tolist() if req.itl_len is not None else None
+    present = [(name, column) for name in OPTIONAL if (column := getattr(req, name)) is not None]
+    out = []
+    for i in rows:
+        fields = dict(zip(SERIES_FIELDS, message.series[req.series[i]], strict=True))
+        fields.update((name, getattr(req, name)[i]) for name in REQUIRED)
+        fields.update((name, column[i]) for name, column in present if column[i] is not None)
+        if starts is not None and req.itl_ms is not None:
+            fields["itl_ms"] = req.itl_ms[starts[i] : starts[i + 1]]
+        out.append(InferenceEvent(**fields))
+    return out
+
+
+# --- checks --------------------------------------------------------------------
+
+
+def _whole(reason: DeadLetterReason, detail: str) -> ColumnsDecoded:
+    return ColumnsDecoded(None, None, [Reject(reason, detail)])
+
+
+def _inconsistent(detail: str) -> ColumnsDecoded:
+    return _whole(DeadLetterReason.INCONSISTENT, detail)
+
+
+def _structure(message: Any, limits: Limits) -> ColumnsDecoded | None:
+    """A whole-message refusal if the columns disagree with each other."""
+    req = message.requests
+    n = len(req.event_id)
+    if n > limits.max_batch_events:
+        return _whole(
+            DeadLetterReason.BATCH_TOO_LARGE,
+            f"message holds {n} requests, more than max_batch_events = {limits.max_batch_events}",
+        )
+    for name in ("series", *REQUIRED[1:], *OPTIONAL, "itl_len"):
+        column = getattr(req, name)
+        if column is not None and len(column) != n:
+            return _inconsistent(
+                f"requests.{name} has {len(column)} entries, requests.event_id {n}; "
+                "every column holds one entry per request"
+            )
+    if n and max(req.series) >= len(message.series):
+        return _inconsistent(
+            f"requests.series names series {max(req.series)}, but series holds "
+            f"{len(message.series)} (indices start at 0)"
+        )
+    gaps = len(req.itl_ms) if req.itl_ms is not None else 0
+    counted = sum(req.itl_len) if req.itl_len is not None else 0
+    if gaps != counted:
+        return _inconsistent(
+            f"requests.itl_len adds up to {counted} gaps, requests.itl_ms holds {gaps}"
+        )
+    return None
+
+
+def _floats(column: list[Any] | None, n: int) -> np.ndarray:
+    """A column as float64, NaN where a request has none."""
+    if column is None:
+        return np.full(n, np.nan)
+    return np.asarray(column, dtype=np.float64)
+
+
+def _suspects(req: Any, n: int, now_ms: int, limits: Limits) -> np.ndarray:
+    """Requests the row decoder must judge: it may flag valid ones, never miss a bad one."""
+    max_ms = limits.max_duration_ms
+    ts = np.array(req.ts_ms, dtype=np.int64)
+    e2e = np.array(req.e2e_ms, dtype=np.float64)
+    out = (ts > now_ms + limits.max_future_skew_ms) | (e2e > max_ms)
+    ttft = _floats(req.ttft_ms, n)
+    out |= (ttft > max_ms) | (ttft > e2e)
+    tokens = _floats(req.output_tokens, n)
+    out |= np.isnan(ttft) & (tokens >= 1)
+    if req.itl_len is not None and req.itl_ms:
+        lengths = np.array(req.itl_len, dtype=np.int64)
+        owner = np.repeat(np.arange(n), lengths)
+        sums = np.bincount(owner, weights=np.array(req.itl_ms, dtype=np.float64), minlength=n)
+        # The row form adds the gaps in Python; a margin covers the rounding.
+        out |= (lengths > limits.max_itl_len) | (sums > max_ms * (1 - 1e-9))
+    for name in _ALWAYS_JUDGED:
+        column = getattr(req, name)
+        if column is not None:
+            out |= np.fromiter((v is not None for v in column), np.bool_, n)
+    return np.asarray(out, dtype=np.bool_)
+
+
+# --- rows ----------------------------------------------------------------------
+
+
+def _row(doc: dict[str, Any], i: int, gap_starts: list[int]) -> dict[str, Any]:
+    """Request ``i`` of a plain (decoded, untyped) columnar message as a row object."""
+    req = doc["requests"]
+    sid = req["series"][i]
+    series = doc["series"]
+    row: dict[str, Any] = {}
+    if isinstance(sid, int) and not isinstance(sid, bool) and 0 <= sid < len(series):
+        names = series[sid]
+        if isinstance(names, list | tuple) and len(names) == len(SERIES_FIELDS):
+            row.update(zip(SERIES_FIELDS, names, strict=True))
+    for name, column in req.items():
+        if name in ("series", "itl_len", "itl_ms"):
+            continue
+        value = column[i]
+        if value is not None:
+            row[name] = value
+    if "itl_ms" in req and req["itl_ms"] is not None:
+        row["itl_ms"] = req["itl_ms"][gap_starts[i] : gap_starts[i + 1]]
+    return row
+
+
+def _gap_starts(req: dict[str, Any], n: int) -> list[int]:
+    lengths = req.get("itl_len") or [0] * n
+    starts = [0]
+    for length in lengths:
+        starts.append(starts[-1] + (length if isinstance(length, int) else 0))
+    return starts
+
+
+def _row_bytes(row: dict[str, Any]) -> bytes:
+    return json.dumps(row, allow_nan=True, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _judge_rows(
+    doc: dict[str, Any], rows: list[int], now_ms: int, limits: Limits
+) -> tuple[list[Reject], list[Any]]:
+    """The row decoder's verdict on the requests at ``rows``: rejects, and the valid
+    ones as row objects."""
+    starts = _gap_starts(doc["requests"], len(doc["requests"]["event_id"]))
+    rejects: list[Reject] = []
+    valid: list[Any] = []
+    for i in rows:
+        row = _row(doc, i, starts)
+        element = _row_bytes(row)
+        verdict = decode(element, "inference", now_ms=now_ms, limits=limits)
+        if verdict.rejects:
+            first = verdict.rejects[0]
+            rejects.append(Reject(first.reason, first.detail, i, element))
+        else:
+            valid.append(row)
+    return rejects, valid
+
+
+def _taken_apart(raw: bytes, now_ms: int, limits: Limits) -> ColumnsDecoded:
+    """A message the typed decode refused: each request judged as a row."""
+    try:
+        doc = json.loads(raw, parse_constant=float)
+    except (ValueError, RecursionError) as exc:
+        return _whole(DeadLetterReason.MALFORMED_JSON, f"JSON is malformed: {exc}")
+    if not isinstance(doc, dict):
+        return _whole(DeadLetterReason.NOT_AN_OBJECT, "a columnar message is one JSON object")
+    if doc.get("schema") != COLUMNS_SCHEMA_ID:
+        return _whole(
+            DeadLetterReason.UNKNOWN_SCHEMA_VERSION,
+            f"schema = {doc.get('schema')!r} is not {COLUMNS_SCHEMA_ID!r}",
+        )
+    req, series = doc.get("requests"), doc.get("series")
+    if not isinstance(req, dict) or not isinstance(series, list):
+        return _whole(
+            DeadLetterReason.WRONG_TYPE,
+            "a columnar message holds a list `series` and an object `requests`",
+        )
+    for name in ("series", "event_id"):
+        if not isinstance(req.get(name), list):
+            return _whole(
+                DeadLetterReason.MISSING_FIELD, f"required column requests.{name} is missing"
+            )
+    n = len(req["event_id"])
+    if n > limits.max_batch_events:
+        return _whole(
+            DeadLetterReason.BATCH_TOO_LARGE,
+            f"message holds {n} requests, more than max_batch_events = {limits.max_batch_events}",
+        )
+    for name, column in req.items():
+        if (
+            name != "itl_ms"
+            and column is not None
+            and (not isinstance(column, list) or len(column) != n)
+        ):
+            return _inconsistent(f"requests.{name} is not a list of one entry per request")
+    itl = req.get("itl_ms")
+    if itl is not None and (not isinstance(itl, list) or len(itl) != _gap_starts(req, n)[-1]):
+        return _inconsistent("requests.itl_len does not add up to the gaps in requests.itl_ms")
+    rejects, valid = _judge_rows(doc, list(range(n)), now_ms, limits)
+    if not valid:
+        return ColumnsDecoded(None, None, rejects)
+    events = msgspec.convert(valid, list[InferenceEvent])
+    return ColumnsDecoded(_DECODER.decode(encode_columns(events)), None, rejects)
+
+
+def decode_columns(raw: bytes, *, now_ms: int, limits: Limits) -> ColumnsDecoded:
+    """Decode one columnar message; never raises for bad input (see the module docstring)."""
+    problem = message_problem(raw, limits)
+    if problem is not None:
+        return ColumnsDecoded(None, None, [problem])
+    try:
+        message: Any = _DECODER.decode(raw)
+    except msgspec.DecodeError:  # ValidationError is a subclass
+        return _taken_apart(raw, now_ms, limits)
+    except RecursionError:
+        return _whole(DeadLetterReason.TOO_DEEP, "arrays and objects nest too deep")
+    refused = _structure(message, limits)
+    if refused is not None:
+        return refused
+    req = message.requests
+    n = len(req.event_id)
+    suspects = np.flatnonzero(_suspects(req, n, now_ms, limits)).tolist()
+    if not suspects:
+        return ColumnsDecoded(message, None, [])
+    doc = msgspec.to_builtins(message)
+    rejects, _ = _judge_rows(doc, suspects, now_ms, limits)
+    if not rejects:
+        return ColumnsDecoded(message, None, [])
+    keep = np.ones(n, dtype=np.bool_)
+    keep[[r.index for r in rejects]] = False
+    return ColumnsDecoded(message, keep, rejects)

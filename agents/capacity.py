@@ -194,13 +194,15 @@ class CapacityStats:
 
 @dataclass(slots=True)
 class CapacityPlane:
-    """What :func:`register_capacity` returns: the ingest hook and the counters."""
+    """What :func:`register_capacity` returns: the ingest hooks and the counters."""
 
     forward: Any
     stats: CapacityStats
     deployments: dict[str, _Deployment]
     agent: Any = None
     table: Any = None
+    #: ``forward`` of rows already grouped by deployment (``RequestBatch.capacity_groups``).
+    forward_groups: Any = None
 
 
 def _event_id(*parts: object) -> str:
@@ -314,8 +316,12 @@ def register_capacity(
     async def forward(
         events: Sequence[InferenceEvent], positions: Sequence[tuple[int, int]]
     ) -> None:
+        await forward_groups(rows_by_deployment(events, positions))
+
+    async def forward_groups(groups: dict[tuple[str, str], tuple[list[Row], list[Run]]]) -> None:
+        """Forward each deployment's rows of one ingest batch (and their input positions)."""
         by_partition: dict[int, list[Group]] = {}
-        for (service, model), (rows, runs) in rows_by_deployment(events, positions).items():
+        for (service, model), (rows, runs) in groups.items():
             partition = partition_of(f"{service}|{model}", settings.partitions)
             by_partition.setdefault(partition, []).append((service, model, rows, runs))
         for partition, groups in by_partition.items():
@@ -524,4 +530,4 @@ def register_capacity(
         # Deployments are read from the table again: another worker may have moved them on.
         deployments.clear()
 
-    return CapacityPlane(forward, cstats, deployments, capacity, table)
+    return CapacityPlane(forward, cstats, deployments, capacity, table, forward_groups)

@@ -53,24 +53,25 @@ from tailguard.agents.folder import SeriesFolder
 from tailguard.agents.heap import release_free_heap
 from tailguard.agents.internal import (
     SeriesGroups,
-    group_by_partition,
+    columns_by_partition,
     partition_for,
-    route,
-    series_index,
+    route_columns,
     series_key,
-    subset,
+    take_requests,
 )
+from tailguard.agents.requests import RequestBatch
 from tailguard.agents.settings import Settings
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.topics import Topics
-from tailguard.schemas import InferenceEvent, Limits, decode
+from tailguard.schemas import Limits, decode
+from tailguard.schemas.columnar import decode_columns, is_columnar
 
 __all__ = ["HomePartitions", "gc_paused", "register_ingest"]
 
 #: The longest a clean stop waits to store and acknowledge what is held.
 _STOP_CHECKPOINT_S = 15
 
-Forward = Callable[[list[InferenceEvent], list[tuple[int, int]]], Awaitable[None]]
+Forward = Callable[[RequestBatch], Awaitable[None]]
 
 
 @contextmanager
@@ -119,10 +120,10 @@ def register_ingest(
     settings: Settings,
     stats: WorkerStats,
     folder: SeriesFolder,
-    forward_experiments: Forward | None = None,
+    forward_requests: Forward | None = None,
 ) -> Any:
-    """Attach the ingest agent to ``app``. ``forward_experiments(events, positions)``
-    also receives every batch's valid events (the A/B guard, agents/experiments.py)."""
+    """Attach the ingest agent to ``app``. ``forward_requests(batch)`` also receives
+    every batch's valid requests (the A/B, prompt and capacity agents' forwarders)."""
     limits = Limits()
     home_of = HomePartitions(settings.partitions)
     input_topic = topics.inference.get_topic_name()
@@ -138,15 +139,14 @@ def register_ingest(
     async def process(stream: Any, events: list[Any]) -> None:
         now = int(time.time() * 1000)
         placed = set(in_place)
-        valid: list[InferenceEvent] = []
-        positions: list[tuple[int, int]] = []
+        batch = RequestBatch()
         taken: set[tuple[int, int]] = set()
         with gc_paused():
-            await decode_all(events, now, valid, positions, taken)
-            stats.events_valid += len(valid)
+            await decode_all(events, now, batch, taken)
+            stats.events_valid += len(batch)
             # Forwarding and the fan-out need no state: they run before the folder's
             # lock is taken, so the SLI agent folds meanwhile.
-            here = await dispatch(valid, positions, placed) if valid else {}
+            here = await dispatch(batch, placed) if len(batch) else {}
             async with folder.busy:
                 for event in events:
                     partition = event.message.partition
@@ -164,13 +164,9 @@ def register_ingest(
                 await stream.ack(event)
 
     async def decode_all(
-        events: list[Any],
-        now: int,
-        valid: list[InferenceEvent],
-        positions: list[tuple[int, int]],
-        taken: set[tuple[int, int]],
+        events: list[Any], now: int, batch: RequestBatch, taken: set[tuple[int, int]]
     ) -> None:
-        """Decode and validate ``events`` into ``valid`` and ``positions``; dead-letter the rest."""
+        """Decode and validate ``events`` (rows or columns) into ``batch``; dead-letter the rest."""
         for event in events:
             msg = event.message
             if (msg.partition, msg.offset) in taken:
@@ -182,10 +178,19 @@ def register_ingest(
             taken.add((msg.partition, msg.offset))
             stats.messages += 1
             raw = event.value
-            decoded = decode(raw, "inference", now_ms=now, limits=limits)
-            if decoded.rejects:
+            if raw is not None and is_columnar(raw):
+                columns = decode_columns(raw, now_ms=now, limits=limits)
+                rejects = columns.rejects
+                if len(columns):
+                    batch.add_columns(msg.partition, msg.offset, columns)
+            else:
+                rows = decode(raw, "inference", now_ms=now, limits=limits)
+                rejects = rows.rejects
+                if rows.valid:
+                    batch.add_rows(msg.partition, msg.offset, rows.valid)
+            if rejects:
                 await send_rejects(
-                    decoded.rejects,
+                    rejects,
                     raw,
                     msg,
                     topic=topics.deadletter,
@@ -193,18 +198,12 @@ def register_ingest(
                     source=settings.source,
                     now_ms=now,
                 )
-            if decoded.valid:
-                valid.extend(decoded.valid)
-                positions.extend([(msg.partition, msg.offset)] * len(decoded.valid))
 
-    async def dispatch(
-        valid: list[InferenceEvent], positions: list[tuple[int, int]], placed: set[int]
-    ) -> dict[int, SeriesGroups]:
+    async def dispatch(batch: RequestBatch, placed: set[int]) -> dict[int, SeriesGroups]:
         """Forward what is not folded here, feed the fan-out; the groups to fold here."""
-        gid, series = series_index(valid)
+        gid, series, cols = batch.gid, batch.series, batch.columns()
         home = np.fromiter(map(home_of, series), dtype=np.int64, count=len(series))
-        part = np.fromiter((p for p, _ in positions), dtype=np.int64, count=len(valid))
-        at_home = np.isin(part, list(placed)) & (part == home[gid])
+        at_home = np.isin(cols.part, list(placed)) & (cols.part == home[gid])
         # A series fed from another partition too (now or before) is forwarded whole.
         spread = np.zeros(len(series), dtype=np.bool_)
         spread[gid[~at_home]] = True
@@ -214,22 +213,17 @@ def register_ingest(
         local = at_home & ~spread[gid]
         n_local = int(local.sum())
         stats.events_local += n_local
-        stats.events_forwarded += len(valid) - n_local
-        if n_local < len(valid):
-            away = np.flatnonzero(~local)
-            picked = away.tolist()
-            for partition, value in route(
-                [valid[i] for i in picked],
-                [positions[i] for i in picked],
-                settings.partitions,
-                index=subset((gid, series), away),
-            ):
+        stats.events_forwarded += len(batch) - n_local
+        served = batch.served()
+        if n_local < len(batch):
+            away = take_requests(cols, gid, series, served, np.flatnonzero(~local))
+            for partition, value in route_columns(*away, settings.partitions):
                 await topics.series.send(
                     key=str(partition).encode(), value=value, partition=partition
                 )
-        if forward_experiments is not None:
-            await forward_experiments(valid, positions)
-        return group_by_partition(valid, positions, (gid, series), np.flatnonzero(local))
+        if forward_requests is not None:
+            await forward_requests(batch)
+        return columns_by_partition(cols, gid, series, served, np.flatnonzero(local))
 
     async def drain(stream: Any) -> None:
         async with draining:  # batches are processed one at a time, in order

@@ -25,15 +25,19 @@ Series = tuple[str, str, str, str]
 __all__ = [
     "PartitionBatch",
     "SeriesGroups",
+    "columns_by_partition",
     "decode_groups",
     "encode_groups",
     "group_by_partition",
+    "group_columns",
     "group_series",
     "partition_for",
     "route",
+    "route_columns",
     "series_index",
     "series_key",
     "subset",
+    "take_requests",
 ]
 
 
@@ -157,8 +161,15 @@ def group_series(
     packs, for a fold on this worker (no size budget, no wire). ``index``: each
     event's series index and the series (:func:`series_index`), when known."""
     gid, series = index if index is not None else series_index(events)
-    gpus = _served(events, gid)
-    cols = Columns.from_events(events, positions)
+    return group_columns(Columns.from_events(events, positions), gid, series, _served(events, gid))
+
+
+def group_columns(
+    cols: Columns, gid: np.ndarray, series: list[Series], served: dict[tuple[int, str, int], int]
+) -> SeriesGroups:
+    """Requests in columns grouped by series (``gid``: each one's index into
+    ``series``), each group in input order; ``served``: the newest time per
+    ``(series index, host, GPU)``."""
     order = np.argsort(gid, kind="stable")
     counts = np.bincount(gid, minlength=len(series))
     bounds = np.r_[0, np.cumsum(counts)].astype(np.int64)
@@ -166,7 +177,7 @@ def group_series(
         series=series,
         bounds=bounds,
         cols=cols.take(order),
-        gpus=[(g, host, gpu, ts) for (g, host, gpu), ts in gpus.items()],
+        gpus=[(g, host, gpu, ts) for (g, host, gpu), ts in served.items()],
     )
 
 
@@ -179,15 +190,44 @@ def group_by_partition(
     """The events at ``rows``, per input partition, grouped by series (:func:`group_series`).
 
     ``index``: every event's series index and the series (:func:`series_index`)."""
-    part = np.fromiter((positions[i][0] for i in rows.tolist()), dtype=np.int64, count=rows.size)
-    out: dict[int, SeriesGroups] = {}
-    for partition in np.unique(part).tolist():
-        mine = rows[part == partition]
-        picked = mine.tolist()
-        out[partition] = group_series(
-            [events[i] for i in picked], [positions[i] for i in picked], subset(index, mine)
-        )
-    return out
+    gid, series = index
+    cols = Columns.from_events(events, positions)
+    return columns_by_partition(cols, gid, series, _served(events, gid), rows)
+
+
+def columns_by_partition(
+    cols: Columns,
+    gid: np.ndarray,
+    series: list[Series],
+    served: dict[tuple[int, str, int], int],
+    rows: np.ndarray,
+) -> dict[int, SeriesGroups]:
+    """The requests at ``rows`` of ``cols``, per input partition, grouped by series
+    (:func:`group_columns`; ``gid``, ``series``, ``served`` as there, for all of ``cols``)."""
+    part = cols.part[rows]
+    return {
+        partition: group_columns(*take_requests(cols, gid, series, served, rows[part == partition]))
+        for partition in np.unique(part).tolist()
+    }
+
+
+def take_requests(
+    cols: Columns,
+    gid: np.ndarray,
+    series: list[Series],
+    served: dict[tuple[int, str, int], int],
+    rows: np.ndarray,
+) -> tuple[Columns, np.ndarray, list[Series], dict[tuple[int, str, int], int]]:
+    """The requests at ``rows``, their series renumbered among themselves (the
+    arguments :func:`group_columns` and :func:`route_columns` take)."""
+    ids, local = np.unique(gid[rows], return_inverse=True)
+    renumber = dict(zip(ids.tolist(), range(ids.size), strict=True))
+    return (
+        cols.take(rows),
+        local.reshape(-1),
+        [series[i] for i in ids.tolist()],
+        {(renumber[g], host, gpu): ts for (g, host, gpu), ts in served.items() if g in renumber},
+    )
 
 
 def subset(
@@ -229,11 +269,25 @@ def route(
     if not events:
         return []
     gid, series = index if index is not None else series_index(events)
-    gpus = _served(events, gid)
+    cols = Columns.from_events(events, positions)
+    return route_columns(cols, gid, series, _served(events, gid), partitions, max_bytes)
+
+
+def route_columns(
+    cols: Columns,
+    gid: np.ndarray,
+    series: list[Series],
+    gpus: dict[tuple[int, str, int], int],
+    partitions: int,
+    max_bytes: int = MAX_MESSAGE_BYTES,
+) -> list[tuple[int, bytes]]:
+    """:func:`route` of requests in columns (``gid``, ``series`` and ``gpus`` as
+    :func:`group_columns` takes them)."""
+    if len(cols) == 0:
+        return []
     group_part = np.array(
         [partition_for(series_key(*s), partitions) for s in series], dtype=np.int64
     )
-    cols = Columns.from_events(events, positions)
     order = np.argsort(gid, kind="stable")
     sg = gid[order]
     heads = np.flatnonzero(np.r_[True, sg[1:] != sg[:-1]])

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import faust
-import msgspec
 from tailguard.agents.deadletters import send_rejects
 from tailguard.agents.settings import Settings
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.topics import Topics
 from tailguard.schemas import DeadLetterReason, Limits, Reject
+from tailguard.schemas.columnar import encode_columns
 from tailguard.schemas.otlp import OtlpDecodeError, decode_spans, spans_to_events
 from tailguard.schemas.placement import home_partition, series_key
 
@@ -120,7 +120,7 @@ def register_otlp(
                 first = evs[0]
                 key = series_key(first.service, first.model, first.variant, first.tenant)
                 for i in range(0, len(evs), _MAX_EVENTS_PER_MESSAGE):
-                    value = msgspec.json.encode(evs[i : i + _MAX_EVENTS_PER_MESSAGE])
+                    value = encode_columns(evs[i : i + _MAX_EVENTS_PER_MESSAGE])
                     await topics.inference.send(
                         key=key.encode(), value=value, partition=home if placed else None
                     )

@@ -20,6 +20,7 @@ from tailguard.agents.kv import declare_kv_table, register_kv
 from tailguard.agents.otlp import OtlpStats, register_otlp
 from tailguard.agents.outputs import Outputs
 from tailguard.agents.prompts import PromptPlane, register_prompts
+from tailguard.agents.requests import RequestBatch
 from tailguard.agents.settings import Settings
 from tailguard.agents.sli import register_sli
 from tailguard.agents.state import SeriesStore
@@ -98,14 +99,19 @@ def build(settings: Settings) -> Pipeline:
     # The hallucination guardrail stratifies by prompt group (a version not in the
     # registry is its own stratum).
     experiments = register_experiments(app, topics, settings, stats, stratum_of=prompts.group_of)
-    # Side consumers of the validated events: per-group SLIs, then the capacity agent's
-    # (attached once outputs exist).
-    capacity_hooks: list[Any] = [prompts.forward]
+    # Side consumers of the validated requests: the A/B guard and the per-group SLIs
+    # (records of the requests naming an experiment or a prompt version), then the
+    # capacity agent (every request's row; attached once outputs exist).
+    capacity_hooks: list[Any] = []
 
-    async def forward(events: Any, positions: Any) -> None:
-        await experiments.forward(events, positions)
+    async def forward(batch: RequestBatch) -> None:
+        named = batch.named_rows()
+        if named:
+            events, positions = batch.events(named), batch.positions(named)
+            await experiments.forward(events, positions)
+            await prompts.forward(events, positions)
         for hook in capacity_hooks:
-            await hook(events, positions)
+            await hook(batch.capacity_groups())
 
     folder = SeriesFolder(app, topics, settings, stats, store, engine, outputs, telemetry=telemetry)
     register_ingest(app, topics, settings, stats, folder, forward)
@@ -118,7 +124,7 @@ def build(settings: Settings) -> Pipeline:
     # The experiment.* / release.rollback actions, over the stubs (answered by each owner).
     register_experiment_actions(admin.registry, experiments, settings, app=app, worker=admin.worker)
     capacity = register_capacity(app, settings, outputs=outputs, gpu_cache=gpu_cache, admin=admin)
-    capacity_hooks.append(capacity.forward)
+    capacity_hooks.append(capacity.forward_groups)
     kv_table = declare_kv_table(app, settings)
     register_kv(app, topics, settings, stats, kv_table, kv_forwarder(topics, settings))
     register_interference(app, topics, settings, stats)

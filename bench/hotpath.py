@@ -9,9 +9,12 @@ its fastest of the others: this shared machine drifts by ±20 % from one
 second to the next), and writes
 ``bench/results/hotpath.json`` with events/s and µs per event per stage:
 
-- ``decode``: JSON → validated ``InferenceEvent`` (msgspec + bad-input checks);
-- ``group``: each event's series and home partition, then per partition the
-  columns grouped by series (what the ingest agent folds in place: the input
+- ``decode``: a message → validated requests (columnar messages, as this
+  project's producers send them, into lists; ``BENCH_ENCODING=rows`` for JSON
+  arrays of request objects, into ``InferenceEvent`` records), gathered in a
+  ``RequestBatch``;
+- ``group``: each request's series, then per partition the columns grouped
+  by series (what the ingest agent folds in place: the input
   is partitioned by series, as the project's producers send it);
 - ``fold``: ``fold_many`` into the windows;
 - ``checkpoint_bytes``: serialising every changed series (``take_changes``);
@@ -38,15 +41,17 @@ import numpy as np
 from rocksdict import Options, Rdict
 from tailguard.agents.bulk import BulkWriter
 from tailguard.agents.ingest import gc_paused
-from tailguard.agents.internal import group_by_partition, series_index
+from tailguard.agents.internal import columns_by_partition
 from tailguard.agents.outputs import Outputs
+from tailguard.agents.requests import RequestBatch
 from tailguard.agents.state import bucket_key
 from tailguard.schemas import Limits, decode
+from tailguard.schemas.columnar import decode_columns, is_columnar
 from tailguard.streams import RingConfig, SeriesWindows
 from tailguard.streams.fold import fold_many
 
 from bench.common import machine, write_result
-from bench.throughput import PARTITIONS, make_placed_messages
+from bench.throughput import ENCODING, PARTITIONS, make_placed_messages
 
 BATCH = 500  # input messages per ingest batch (the worker's default)
 ROUNDS = 5
@@ -90,6 +95,7 @@ def _decode_with_and_without_gc(
     for _ in range(ROUNDS):
         for mode in best:
             kept: list[Any] = []
+            count = 0
             if mode == "default":
                 gc.set_threshold(700, 10, 10)
                 gc.enable()
@@ -97,11 +103,16 @@ def _decode_with_and_without_gc(
                 gc.disable()
             started = time.perf_counter()
             for _, raw in batch:
-                kept.extend(decode(raw, "inference", now_ms=now, limits=limits).valid)
+                if is_columnar(raw):
+                    kept.append(decode_columns(raw, now_ms=now, limits=limits))
+                    count += len(kept[-1])
+                else:
+                    kept.extend(decode(raw, "inference", now_ms=now, limits=limits).valid)
+                    count = len(kept)
             seconds = time.perf_counter() - started
             gc.set_threshold(*frozen)
             gc.enable()
-            best[mode] = min(best[mode], seconds / len(kept))
+            best[mode] = min(best[mode], seconds / count)
             del kept
             gc.collect()
     return {f"us_per_event_gc_{mode}": round(s * 1e6, 2) for mode, s in best.items()}
@@ -110,7 +121,7 @@ def _decode_with_and_without_gc(
 def main() -> None:
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
-    msgs = make_placed_messages(ROUNDS * BATCH * 200, 10_000)[: ROUNDS * BATCH]
+    msgs = make_placed_messages(ROUNDS * BATCH * 200, 10_000, encoding=ENCODING)[: ROUNDS * BATCH]
     now = int(time.time() * 1000)
     limits = Limits()
     states: dict[tuple[str, str, str, str], SeriesWindows] = {}
@@ -131,15 +142,23 @@ def main() -> None:
         batch = msgs[round_ * BATCH : (round_ + 1) * BATCH]
         with gc_paused():  # as the ingest agent processes a batch
             t0 = time.perf_counter()
-            valid, positions = [], []
+            requests = RequestBatch()
             for j, (part, raw) in enumerate(batch):
-                decoded = decode(raw, "inference", now_ms=now, limits=limits)
-                valid.extend(decoded.valid)
-                positions.extend([(part, round_ * BATCH + j)] * len(decoded.valid))
+                if is_columnar(raw):
+                    columns = decode_columns(raw, now_ms=now, limits=limits)
+                    requests.add_columns(part, round_ * BATCH + j, columns)
+                else:
+                    rows = decode(raw, "inference", now_ms=now, limits=limits).valid
+                    requests.add_rows(part, round_ * BATCH + j, rows)
             t1 = time.perf_counter()
-            # As the ingest agent does: every event's series once, then per partition.
-            index = series_index(valid)
-            by_partition = group_by_partition(valid, positions, index, np.arange(len(valid)))
+            # As the ingest agent does: every request's series once, then per partition.
+            by_partition = columns_by_partition(
+                requests.columns(),
+                requests.gid,
+                requests.series,
+                requests.served(),
+                np.arange(len(requests)),
+            )
             grouped = list(by_partition.values())
             t2 = time.perf_counter()
             for (part, _), groups in zip(by_partition.items(), grouped, strict=True):
@@ -160,7 +179,7 @@ def main() -> None:
                 writer.write(tables["buckets"], part, buckets)
                 writer.write(tables["series"], part, metas)
             t5 = time.perf_counter()
-        events = len(valid)
+        events = len(requests)
         timings = {
             "decode": t1 - t0,
             "group": t2 - t1,
@@ -182,6 +201,7 @@ def main() -> None:
         "rounds_timed": ROUNDS - 1,
         "series": 10_000,
         "partitions": PARTITIONS,
+        "encoding": ENCODING,
         "stages": stages,
         "all_stages_events_per_s": round(1 / total),
         "decode_gc": gc_effect,

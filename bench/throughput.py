@@ -16,6 +16,11 @@
    reports ready to the moment its final 1-minute snapshots account for every
    event; its peak RSS (VmHWM) is read from ``/proc``.
 
+Messages are columnar (``tailguard.inference.columns.v1``: one array per
+field, what this project's producers send; ``BENCH_ENCODING=rows`` for JSON
+arrays of request objects); ``other_encoding`` repeats the main run with the
+other one.
+
 Input layouts: *by series* (default; every message holds events whose series
 share a home partition and goes to that partition, as every producer this
 project ships does: the worker folds them with one broker hop) and *random*
@@ -50,6 +55,7 @@ import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from tailguard.schemas import InferenceEvent
+from tailguard.schemas.columnar import InferenceColumns, encode_columns, is_columnar
 from tailguard.schemas.placement import home_partition, series_key_of
 
 from bench.common import machine, run, worker_counters, worker_paths, write_result
@@ -65,6 +71,9 @@ PER_MS = 100
 LATENESS_MS = 120_000
 PER_MESSAGE = 200
 PARTITIONS = 4
+#: How the benchmark's producer writes messages: ``columns`` (what this project's
+#: producers send) or ``rows`` (a JSON array of request objects).
+ENCODING = os.environ.get("BENCH_ENCODING", "columns")
 SWEEP = [int(x) for x in os.environ.get("BENCH_SERIES_SWEEP", "100").split(",") if x.strip()]
 
 
@@ -84,7 +93,11 @@ def make_messages(n: int, series: int, seed: int = 1) -> list[bytes]:
 
 
 def make_placed_messages(
-    n: int, series: int, seed: int = 1, partitions: int | None = PARTITIONS
+    n: int,
+    series: int,
+    seed: int = 1,
+    partitions: int | None = PARTITIONS,
+    encoding: str = "rows",
 ) -> list[tuple[int | None, bytes]]:
     """:func:`make_messages` as ``(partition, message)``: with ``partitions``, every
     message holds up to ``PER_MESSAGE`` events of one home partition, in event
@@ -92,6 +105,7 @@ def make_placed_messages(
     the closing requests: one per series on each of the ``PARTITIONS`` partitions,
     which all feed every series then)."""
     rng = np.random.default_rng(seed)
+    encode = msgspec.json.Encoder().encode if encoding == "rows" else encode_columns
     # The minute the events fill ends on a 5-minute boundary: the close then
     # publishes final 1m, 5m and 1h snapshots (the costliest close), every run.
     start = (int(time.time() * 1000) - 1_800_000) // 300_000 * 300_000 + 240_000
@@ -99,7 +113,6 @@ def make_placed_messages(
     gaps = rng.lognormal(np.log(30), 0.35, (n, 9)).round(2)
     sid = rng.integers(0, series, n)
     names = [series_fields(s, series) for s in range(series)]
-    enc = msgspec.json.Encoder()
     home = [
         None if partitions is None else home_partition(series_key_of(f), partitions) for f in names
     ]
@@ -110,13 +123,13 @@ def make_placed_messages(
         batch = open_.setdefault(home[s], [])
         batch.append(event)
         if len(batch) == PER_MESSAGE:
-            msgs.append((home[s], enc.encode(batch)))
+            msgs.append((home[s], encode(batch)))
             batch.clear()
 
     def close_all() -> None:
         for part, batch in open_.items():
             if batch:
-                msgs.append((part, enc.encode(batch)))
+                msgs.append((part, encode(batch)))
         open_.clear()
 
     for lo in range(0, n, PER_MESSAGE):
@@ -164,7 +177,7 @@ def make_placed_messages(
     for part in range(PARTITIONS):
         batch = [closing_request(s, f"close{s}-{part}") for s in range(series)]
         for lo in range(0, series, PER_MESSAGE):
-            msgs.append((part, enc.encode(batch[lo : lo + PER_MESSAGE])))
+            msgs.append((part, encode(batch[lo : lo + PER_MESSAGE])))
     return msgs
 
 
@@ -183,8 +196,16 @@ def preload(topic: str, msgs: list[tuple[int | None, bytes]]) -> None:
 
 
 def ceiling(topic: str, n_msgs: int) -> tuple[float, int]:
-    """Bare consume + typed decode of every message; returns (seconds, events)."""
-    dec = msgspec.json.Decoder(list[InferenceEvent])
+    """Bare consume + typed decode of every message (rows into records, columns into
+    lists); returns (seconds, events)."""
+    rows = msgspec.json.Decoder(list[InferenceEvent]).decode
+    columns = msgspec.json.Decoder(InferenceColumns).decode
+
+    def count(value: bytes) -> int:
+        if is_columnar(value):
+            return len(columns(value).requests.event_id)
+        return len(rows(value))
+
     c = Consumer(
         {
             "bootstrap.servers": BROKER,
@@ -202,7 +223,7 @@ def ceiling(topic: str, n_msgs: int) -> tuple[float, int]:
                 continue
             if t0 is None:
                 t0 = time.perf_counter()
-            events += len(dec.decode(m.value()))
+            events += count(m.value())
             seen += 1
     elapsed = time.perf_counter() - (t0 or time.perf_counter())
     c.close()
@@ -360,17 +381,19 @@ def rss_breakdown(w: dict[str, Any], state: dict[str, Any]) -> dict[str, float]:
     return {"peak": round(peak, 1), **{k: round(v, 1) for k, v in parts.items()}}
 
 
-def measure(n_series: int, *, by_series: bool) -> dict[str, Any]:
+def measure(n_series: int, *, by_series: bool, encoding: str = ENCODING) -> dict[str, Any]:
     """A fresh namespace, ``EVENTS`` events over ``n_series`` series, one worker."""
     tag = uuid.uuid4().hex[:8]
     prefix = f"bench{tag}."
     create_topics(BROKER, catalogue(PARTITIONS, prefix=prefix))
-    msgs = make_placed_messages(EVENTS, n_series, partitions=PARTITIONS if by_series else None)
+    msgs = make_placed_messages(
+        EVENTS, n_series, partitions=PARTITIONS if by_series else None, encoding=encoding
+    )
     preload(prefix + "tailguard.inference", msgs)
     w = run_worker(prefix, f"bench-{tag}", EVENTS)
     w["events_per_s"] = EVENTS / w["seconds"]
     layout = "by series" if by_series else "random"
-    print(f"{n_series} series, {layout}: {w['events_per_s']:,.0f} events/s", flush=True)
+    print(f"{n_series} series, {layout}, {encoding}: {w['events_per_s']:,.0f} events/s", flush=True)
     return w
 
 
@@ -393,7 +416,7 @@ def main() -> None:
     tag = uuid.uuid4().hex[:8]
     prefix = f"bench{tag}."
     create_topics(BROKER, catalogue(PARTITIONS, prefix=prefix))
-    msgs = make_placed_messages(EVENTS, SERIES)
+    msgs = make_placed_messages(EVENTS, SERIES, encoding=ENCODING)
     topic = prefix + "tailguard.inference"
     t = time.perf_counter()
     preload(topic, msgs)
@@ -408,6 +431,11 @@ def main() -> None:
     eps = EVENTS / w["seconds"]
     print(f"{SERIES} series, by series: {eps:,.0f} events/s", flush=True)
     at_random = summary(measure(SERIES, by_series=False), ceil_eps, SERIES, False)
+    other = "rows" if ENCODING == "columns" else "columns"
+    other_encoding = {
+        "encoding": other,
+        **summary(measure(SERIES, by_series=True, encoding=other), ceil_eps, SERIES, True),
+    }
     sweep = []
     for n_series in SWEEP:
         for by_series in (True, False):
@@ -435,6 +463,8 @@ def main() -> None:
         "peak_rss_mib": w["peak_rss_mib"],
         "worker_startup_s": round(w["startup_s"], 2),
         "random_partitions": at_random,
+        "encoding": ENCODING,
+        "other_encoding": other_encoding,
         "rss_breakdown_mib": rss_breakdown(w, state),
         "memory_env": {
             k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "TAILGUARD_ROCKSDB"))

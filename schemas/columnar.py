@@ -44,6 +44,7 @@ request by request the same way.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_type_hints
 
@@ -64,6 +65,7 @@ __all__ = [
     "encode_columns",
     "events_of",
     "is_columnar",
+    "rows_of",
 ]
 
 COLUMNS_SCHEMA_ID: Final = "tailguard.inference.columns.v1"
@@ -138,8 +140,16 @@ def is_columnar(raw: bytes) -> bool:
     return _MARKER in raw[:256] and raw.lstrip(b" \t\r\n")[:1] == b"{"
 
 
-def encode_columns(events: list[InferenceEvent]) -> bytes:
-    """The columnar message holding ``events`` (what a producer sends)."""
+def encode_columns(events: Sequence[InferenceEvent | Mapping[str, Any]]) -> bytes:
+    """The columnar message holding ``events`` — records, or row objects as a
+    producer would send them (checked as records first: raises
+    ``msgspec.ValidationError`` for a row the worker would refuse)."""
+    if any(not isinstance(ev, InferenceEvent) for ev in events):
+        events = msgspec.convert(
+            [ev if isinstance(ev, InferenceEvent) else dict(ev) for ev in events],
+            list[InferenceEvent],
+            from_attributes=True,
+        )
     index: dict[tuple[str, str, str, str], int] = {}
     columns: dict[str, list[Any]] = {name: [] for name in ("series", *REQUIRED)}
     optional: dict[str, list[Any]] = {name: [] for name in OPTIONAL}
@@ -189,6 +199,22 @@ def events_of(decoded: ColumnsDecoded, rows: list[int] | None = None) -> list[In
             fields["itl_ms"] = req.itl_ms[starts[i] : starts[i + 1]]
         out.append(InferenceEvent(**fields))
     return out
+
+
+def rows_of(raw: bytes) -> list[dict[str, Any]]:
+    """The requests of a message of either form as row objects, without checks (for
+    readers of the topic: tools and tests). Raises ``msgspec.DecodeError`` for bytes
+    that are not JSON, ``ValueError`` for a columnar message whose columns disagree."""
+    doc = msgspec.json.decode(raw)
+    if not (isinstance(doc, dict) and doc.get("schema") == COLUMNS_SCHEMA_ID):
+        return doc if isinstance(doc, list) else [doc]
+    try:
+        n = len(doc["requests"]["event_id"])
+        starts = _gap_starts(doc["requests"], n)
+        return [_row(doc, i, starts) for i in range(n)]
+    except (KeyError, IndexError, TypeError) as exc:
+        msg = f"columns disagree: {exc}"
+        raise ValueError(msg) from exc
 
 
 # --- checks --------------------------------------------------------------------

@@ -33,6 +33,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
+from tailguard.schemas.columnar import encode_columns
 from tailguard.schemas.placement import by_home_partition, series_key_of
 from tailguard.simulator.config import SimConfig
 from tailguard.simulator.errors import SimulatorError
@@ -206,17 +207,16 @@ def _placed(
     ]
 
 
-def _encode(
-    batch: list[dict[str, Any]], encoder: msgspec.json.Encoder, max_bytes: int
-) -> Iterator[tuple[int, bytes]]:
-    """``(n_events, payload)`` pairs; a batch too big for one message is halved."""
-    payload = encoder.encode(batch)
+def _encode(batch: list[dict[str, Any]], max_bytes: int) -> Iterator[tuple[int, bytes]]:
+    """``(n_events, payload)`` pairs of columnar messages
+    (:mod:`tailguard.schemas.columnar`); a batch too big for one message is halved."""
+    payload = encode_columns(batch)
     if len(payload) <= max_bytes or len(batch) == 1:
         yield len(batch), payload
         return
     mid = len(batch) // 2
-    yield from _encode(batch[:mid], encoder, max_bytes)
-    yield from _encode(batch[mid:], encoder, max_bytes)
+    yield from _encode(batch[:mid], max_bytes)
+    yield from _encode(batch[mid:], max_bytes)
 
 
 class _Delivery:
@@ -343,7 +343,7 @@ def run(
                     producer.poll(min(wait_ms / 1000.0, 0.2))
                     report()
             for key, events in _placed(batch, partitions):
-                for n_events, payload in _encode(events, encoder, max_message_bytes):
+                for n_events, payload in _encode(events, max_message_bytes):
                     send(n_events, key, payload)
             lo, hi = batch[0]["ts_ms"], batch[-1]["ts_ms"]
             stats.first_ts_ms = lo if stats.first_ts_ms is None else min(lo, stats.first_ts_ms)

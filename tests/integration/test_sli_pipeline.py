@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
@@ -222,4 +223,52 @@ def test_worker_killed_mid_stream_resumes_with_exact_counts(
     assert snap["count"] == len(events)
     assert snap["duplicates"] == 0
     ttft = np.array([e["ttft_ms"] for e in events])
+    assert snap["ttft_ms"]["p99"] == pytest.approx(float(np.percentile(ttft, 99)), rel=0.01)
+
+
+def test_columnar_messages_are_folded_and_their_bad_requests_dead_lettered_alone(
+    namespace: Any,
+    worker_factory: Callable[..., Any],
+    collector: Callable[[str], Any],
+    produce: Callable[..., list[tuple[int, int]]],
+) -> None:
+    from tests.unit.schemas.test_columnar import columns_doc
+
+    rng = np.random.default_rng(5)
+    now = int(time.time() * 1000)
+    valid = make_events("svc-col", 2_000, rng, now - 600_000, span_ms=55_000)
+    bad_kinds = [
+        ("negative_duration", {"ttft_ms": -5.0}),
+        ("future_timestamp", {"ts_ms": now + 86_400_000}),
+        ("inconsistent", {"ttft_ms": 900.0, "e2e_ms": 800.0}),
+    ]
+    messages: list[tuple[bytes, bytes]] = []
+    expected: list[tuple[str, str]] = []  # (event id, reason) of every bad request
+    for m, lo in enumerate(range(0, len(valid), 100)):
+        rows = list(valid[lo : lo + 100])
+        reason, change = bad_kinds[m % len(bad_kinds)]
+        bad = {**rows[0], **change, "event_id": f"bad-{m}"}
+        rows.insert(m % len(rows), bad)
+        expected.append((bad["event_id"], reason))
+        messages.append((b"svc-col", json.dumps(columns_doc(rows)).encode()))
+    positions = produce(namespace.broker, namespace.topic("tailguard.inference"), messages)
+    worker = worker_factory("w1").start()
+    dead = collector("tailguard.deadletter")
+    sli = collector("tailguard.sli")
+    dead.wait_for(lambda r: len(r) >= len(expected), timeout=180, worker=worker)
+    sli.wait_for(
+        lambda r: (s := latest_1h(r, "svc-col")) is not None and s["count"] == len(valid),
+        timeout=120,
+        worker=worker,
+    )
+    got = []
+    for record in dead.records:
+        assert (record["partition"], record["offset"]) in positions
+        element = json.loads(base64.b64decode(record["original_b64"]))
+        got.append((element["event_id"], record["reason"]))
+        assert record["index"] is not None
+    assert sorted(got) == sorted(expected)
+    snap = latest_1h(sli.records, "svc-col")
+    assert snap is not None
+    ttft = np.array([e["ttft_ms"] for e in valid])
     assert snap["ttft_ms"]["p99"] == pytest.approx(float(np.percentile(ttft, 99)), rel=0.01)

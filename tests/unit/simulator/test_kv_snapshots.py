@@ -10,6 +10,7 @@ import msgspec
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from tailguard.schemas.columnar import rows_of
 
 from tailguard.simulator import Incident, SimConfig, Target, generate
 from tailguard.simulator.cli import simulate
@@ -208,7 +209,5 @@ def test_the_producer_sends_snapshots_keyed_by_instance_beside_the_events(
     assert [snap for _, snap in kv] == expected
     assert all(key == snap["instance"].encode() for key, snap in kv)
     assert stats.kv_snapshots == len(expected) and stats.failed_messages == 0
-    events = [
-        e for t, _, v in fake.sent if t == "tailguard.inference" for e in msgspec.json.decode(v)
-    ]
+    events = [e for t, _, v in fake.sent if t == "tailguard.inference" for e in rows_of(v)]
     assert sorted(e["event_id"] for e in events) == sorted(e["event_id"] for e in generate(cfg))

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-import msgspec
 import pytest
 from confluent_kafka import KafkaError
+from tailguard.schemas.columnar import rows_of
 from tailguard.schemas.placement import home_partition, series_key_of
 
 from tailguard.simulator import SimConfig, SimulatorError, Stats, generate, run
@@ -84,11 +84,11 @@ def test_without_a_partition_count_a_message_holds_one_series(make_cfg: MakeCfg)
     run(make_cfg(rate=100.0, duration_s=5.0), broker="fake:9092", pace="max", producer=fake)
     assert fake.sent
     for s in fake.sent:
-        assert {series_key_of(e) for e in msgspec.json.decode(s.value)} == {s.key.decode()}
+        assert {series_key_of(e) for e in rows_of(s.value)} == {s.key.decode()}
 
 
 def _events(fake: FakeProducer) -> list[dict[str, Any]]:
-    return [e for s in fake.sent for e in msgspec.json.decode(s.value)]
+    return [e for s in fake.sent for e in rows_of(s.value)]
 
 
 def test_messages_hold_one_home_partition_keyed_by_a_series_of_it(make_cfg: MakeCfg) -> None:
@@ -97,7 +97,7 @@ def test_messages_hold_one_home_partition_keyed_by_a_series_of_it(make_cfg: Make
     stats = run(cfg, broker="fake:9092", batch_size=50, pace="max", producer=fake)
     homes = set()
     for s in fake.sent:
-        batch = msgspec.json.decode(s.value)
+        batch = rows_of(s.value)
         assert s.topic == "tailguard.inference"
         assert isinstance(batch, list) and 1 <= len(batch) <= 50
         home = home_partition(s.key.decode(), 4)
@@ -144,7 +144,7 @@ def test_realtime_pace_sends_each_batch_once_its_events_have_happened(make_cfg: 
     assert stats.first_ts_ms is not None and stats.first_ts_ms >= before  # event time = wall time
     assert 1.2 <= stats.elapsed_s <= 4.0
     for s in fake.sent:
-        assert s.wall_ms >= msgspec.json.decode(s.value)[-1]["ts_ms"]
+        assert s.wall_ms >= rows_of(s.value)[-1]["ts_ms"]
 
 
 def test_progress_is_reported_and_ctrl_c_flushes_and_returns(make_cfg: MakeCfg) -> None:

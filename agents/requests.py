@@ -1,0 +1,299 @@
+"""The requests of one ingest batch, as columns, whatever form their messages came in.
+
+A message of ``tailguard.inference`` is rows (a JSON array of request objects,
+decoded into ``InferenceEvent`` records) or columns
+(:mod:`tailguard.schemas.columnar`, decoded into one list per field). The
+ingest agent reads a batch of both through one :class:`RequestBatch`:
+
+- every request's series as an index into the batch's series (:attr:`gid`,
+  :attr:`series`) and its input position (:attr:`part`, :attr:`offset`);
+- the columns the windows fold (:meth:`columns`) and the GPUs that served
+  each series (:meth:`served`);
+- for the side consumers: the capacity rows of each deployment
+  (:meth:`capacity_groups`), and request records (:meth:`events`) only for
+  the few that name an experiment or a prompt version.
+
+Columns are gathered message by message into flat lists (a C-level ``extend``
+for a columnar message, one pass per field for rows), then made arrays once
+per batch. A columnar message never becomes request objects, except its rare
+requests that carry a cache, batch, flow-control or stage breakdown (their
+cause flags and stage columns are read from records).
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import chain, repeat
+from typing import Any
+
+import numpy as np
+from tailguard.agents.capacity_rows import Row, row_of
+from tailguard.schemas import InferenceEvent
+from tailguard.schemas.columnar import ColumnsDecoded, events_of
+from tailguard.streams.columns import MAX_PROMPT_NAME, STATUS_CODES, Columns, event_hashes
+from tailguard.streams.input_marks import Run
+
+__all__ = ["RequestBatch"]
+
+Series = tuple[str, str, str, str]
+_OTHER_STATUS = 4
+#: Fields whose requests are read from records to build the cause flags and stages.
+_RARE = ("cache", "batch", "flow_control", "stages_ms")
+
+
+@dataclass(slots=True)
+class _Message:
+    """One message's valid requests: records (rows) or a decoded columnar message."""
+
+    partition: int
+    offset: int
+    rows: list[InferenceEvent] | None
+    columns: ColumnsDecoded | None
+    kept: list[int] | None  # the valid requests of ``columns`` (None: all)
+
+    def __len__(self) -> int:
+        return len(self.rows) if self.rows is not None else len(self.columns or ())
+
+    def column(self, name: str) -> list[Any] | None:
+        """A field of the valid requests of a columnar message (None: no request has it)."""
+        assert self.columns is not None
+        values = getattr(self.columns.message.requests, name)
+        if values is None or self.kept is None:
+            return values  # type: ignore[no-any-return]
+        return [values[i] for i in self.kept]
+
+
+class RequestBatch:
+    """The valid requests of a batch of input messages, in input order."""
+
+    def __init__(self) -> None:
+        self._messages: list[_Message] = []
+        self._index: dict[Series, int] = {}
+        self._gid: list[int] = []
+        self._built: Columns | None = None
+
+    # -- building ------------------------------------------------------------
+    def add_rows(self, partition: int, offset: int, events: list[InferenceEvent]) -> None:
+        index = self._index
+        self._gid.extend(
+            index.setdefault((ev.service, ev.model, ev.variant, ev.tenant), len(index))
+            for ev in events
+        )
+        self._messages.append(_Message(partition, offset, events, None, None))
+
+    def add_columns(self, partition: int, offset: int, decoded: ColumnsDecoded) -> None:
+        message = decoded.message
+        kept = None if decoded.keep is None else np.flatnonzero(decoded.keep).tolist()
+        index = self._index
+        lut = [index.setdefault(tuple(s), len(index)) for s in message.series]
+        sid = message.requests.series
+        self._gid.extend(lut[s] for s in (sid if kept is None else [sid[i] for i in kept]))
+        self._messages.append(_Message(partition, offset, None, decoded, kept))
+
+    # -- what every request has ----------------------------------------------
+    def __len__(self) -> int:
+        return len(self._gid)
+
+    @property
+    def series(self) -> list[Series]:
+        return list(self._index)
+
+    @property
+    def gid(self) -> np.ndarray:
+        return np.array(self._gid, dtype=np.int64)
+
+    @property
+    def part(self) -> np.ndarray:
+        return self.columns().part
+
+    def positions(self, rows: list[int]) -> list[tuple[int, int]]:
+        part, offset = self.columns().part, self.columns().offset
+        return [(int(part[i]), int(offset[i])) for i in rows]
+
+    def _flat(self, name: str, from_row: Any, default: Any = None) -> list[Any]:
+        """One field of every request, in order (``default`` where a request has none)."""
+        out: list[Any] = []
+        for m in self._messages:
+            if m.rows is not None:
+                out.extend(map(from_row, m.rows))
+            else:
+                values = m.column(name)
+                out.extend(repeat(default, len(m)) if values is None else values)
+        return out
+
+    def columns(self) -> Columns:
+        """The columns the windows fold (what ``Columns.from_events`` makes of records)."""
+        if self._built is not None:
+            return self._built
+        n = len(self)
+        counts = [len(m) for m in self._messages]
+        part = np.repeat([m.partition for m in self._messages], counts).astype(np.int64)
+        offset = np.repeat([m.offset for m in self._messages], counts).astype(np.int64)
+        gaps, lengths = self._gaps()
+        ttft = np.array(self._flat("ttft_ms", lambda ev: ev.ttft_ms), dtype=np.float64)
+        tokens = np.array(self._flat("output_tokens", lambda ev: ev.output_tokens), np.float64)
+        status = self._flat("status", lambda ev: ev.status)
+        cols = Columns(
+            ts=np.array(self._flat("ts_ms", lambda ev: ev.ts_ms), dtype=np.int64),
+            status=np.fromiter(map(STATUS_CODES.get, status, repeat(_OTHER_STATUS)), np.uint8, n),
+            e2e=np.array(self._flat("e2e_ms", lambda ev: ev.e2e_ms), dtype=np.float64),
+            ttft=ttft,
+            tokens=np.where(np.isnan(tokens), -1, tokens).astype(np.int64),
+            warmup=np.array(self._flat("warmup", lambda ev: ev.warmup, False), np.bool_),
+            itl=gaps,
+            itl_len=lengths,
+            ids=event_hashes(self._flat("event_id", lambda ev: ev.event_id)),
+            traces=[t or "" for t in self._flat("trace_id", lambda ev: ev.trace_id)],
+            part=part,
+            offset=offset,
+        )
+        cols.prompt_names, cols.prompt = _prompts(
+            self._flat("prompt_version", lambda ev: ev.prompt_version)
+        )
+        rare = self._rare_rows()
+        if rare:
+            sub = Columns.from_events(self.events(rare))
+            cols.factors[rare] = sub.factors
+            cols.stage_names = sub.stage_names
+            cols.stages = np.full((n, len(sub.stage_names)), np.nan)
+            cols.stages[rare] = sub.stages
+        self._built = cols
+        return cols
+
+    def _gaps(self) -> tuple[np.ndarray, np.ndarray]:
+        gaps: list[float] = []
+        lengths: list[int] = []
+        for m in self._messages:
+            if m.rows is not None:
+                lists = [ev.itl_ms for ev in m.rows]
+                lengths.extend(map(len, lists))
+                gaps.extend(chain.from_iterable(lists))
+                continue
+            req = m.columns.message.requests  # type: ignore[union-attr]
+            if req.itl_len is None:
+                lengths.extend(repeat(0, len(m)))
+            elif m.kept is None:
+                lengths.extend(req.itl_len)
+                gaps.extend(req.itl_ms)
+            else:
+                starts = np.r_[0, np.cumsum(req.itl_len)].tolist()
+                for i in m.kept:
+                    lengths.append(req.itl_len[i])
+                    gaps.extend(req.itl_ms[starts[i] : starts[i + 1]])
+        return np.array(gaps, dtype=np.float64), np.array(lengths, dtype=np.int64)
+
+    def _rare_rows(self) -> list[int]:
+        """Requests carrying a cache, batch, flow-control or stage breakdown."""
+        flags = np.zeros(len(self), dtype=np.bool_)
+        for name in _RARE:
+            values = self._flat(name, lambda ev, name=name: getattr(ev, name) or None)
+            flags |= np.fromiter((v is not None for v in values), np.bool_, len(flags))
+        return np.flatnonzero(flags).tolist()  # type: ignore[no-any-return]
+
+    def served(self) -> dict[tuple[int, str, int], int]:
+        """The newest request time per ``(series index, host, GPU)`` that served it."""
+        hosts = self._flat("host", lambda ev: ev.host)
+        gpus = self._flat("gpu_ids", lambda ev: ev.gpu_ids)
+        ts = self.columns().ts.tolist()
+        out: dict[tuple[int, str, int], int] = {}
+        for g, host, ids, t in zip(self._gid, hosts, gpus, ts, strict=True):
+            if not host or not ids:
+                continue
+            for gpu in ids:
+                key = (g, host, gpu)
+                if t > out.get(key, -1):
+                    out[key] = t
+        return out
+
+    # -- the side consumers ----------------------------------------------------
+    def events(self, rows: list[int]) -> list[InferenceEvent]:
+        """Records of the requests at ``rows`` (sorted), built only for a columnar message."""
+        out: list[InferenceEvent] = []
+        at = 0
+        wanted = iter(rows)
+        i = next(wanted, None)
+        for m in self._messages:
+            end = at + len(m)
+            local: list[int] = []
+            while i is not None and i < end:
+                local.append(i - at)
+                i = next(wanted, None)
+            if local:
+                if m.rows is not None:
+                    out.extend(m.rows[j] for j in local)
+                else:
+                    assert m.columns is not None
+                    picked = local if m.kept is None else [m.kept[j] for j in local]
+                    out.extend(events_of(m.columns, picked))
+            at = end
+        return out
+
+    def named_rows(self) -> list[int]:
+        """Requests (not warm-up) that name an experiment or a prompt version."""
+        warm = self.columns().warmup
+        experiment = self._flat("experiment", lambda ev: ev.experiment)
+        tags = self._flat("experiments", lambda ev: ev.experiments)
+        prompt = self._flat("prompt_version", lambda ev: ev.prompt_version)
+        return [
+            i
+            for i, (e, t, p) in enumerate(zip(experiment, tags, prompt, strict=True))
+            if (e or t or p) and not warm[i]
+        ]
+
+    def capacity_groups(self) -> dict[tuple[str, str], tuple[list[Row], list[Run]]]:
+        """Each deployment's capacity rows, in input order, with their input positions
+        as runs (what ``capacity_rows.rows_by_deployment`` makes of records)."""
+        out: dict[tuple[str, str], tuple[list[Row], list[Run]]] = {}
+        series = self.series
+        at = 0
+        for m in self._messages:
+            n = len(m)
+            rows = self._capacity_rows(m)
+            for g, row in zip(self._gid[at : at + n], rows, strict=True):
+                service, model = series[g][0], series[g][1]
+                rows_, runs = out.setdefault((service, model), ([], []))
+                rows_.append(row)
+                if runs and runs[-1][0] == m.partition and runs[-1][1] == m.offset:
+                    runs[-1] = (m.partition, m.offset, 0, runs[-1][3] + 1)
+                else:
+                    runs.append((m.partition, m.offset, 0, 1))
+            at += n
+        return out
+
+    @staticmethod
+    def _capacity_rows(m: _Message) -> Iterator[Row]:
+        if m.rows is not None:
+            return map(row_of, m.rows)
+        n = len(m)
+
+        def col(name: str, default: Any) -> Any:
+            values = m.column(name)
+            if values is None:
+                return repeat(default, n)
+            return (default if v is None else v for v in values)
+
+        return zip(
+            m.column("ts_ms") or (),
+            m.column("e2e_ms") or (),
+            col("ttft_ms", None),
+            col("output_tokens", 0),
+            (s == "ok" for s in m.column("status") or ()),
+            col("warmup", False),
+            col("instance", ""),
+            col("host", ""),
+            col("gpu_ids", []),
+            col("expert_ids", []),
+            col("rag_top1_similarity", None),
+            col("rag_index", "default"),
+            strict=True,
+        )
+
+
+def _prompts(names: list[str | None]) -> tuple[list[str], np.ndarray]:
+    """Prompt version names (first seen first) and each request's index (−1: none)."""
+    index: dict[str, int] = {}
+    out = np.full(len(names), -1, dtype=np.int32)
+    for i, name in enumerate(names):
+        if not name or len(name) > MAX_PROMPT_NAME:
+            continue
+        out[i] = index.setdefault(name, len(index))
+    return list(index), out

@@ -1,0 +1,116 @@
+"""``RequestBatch``: rows and columnar messages read alike, as records would be."""
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tailguard.agents.capacity_rows import rows_by_deployment
+from tailguard.agents.internal import _served, series_index
+from tailguard.agents.requests import RequestBatch
+from tailguard.schemas import BatchInfo, CacheInfo, InferenceEvent, Limits
+from tailguard.schemas.columnar import decode_columns, encode_columns
+from tailguard.schemas.records import ExperimentTag
+from tailguard.streams.columns import Columns
+
+NOW = int(time.time() * 1000)
+
+
+def request(i: int, kind: int) -> InferenceEvent:
+    """Requests that differ in every field the batch reads, some rare parts included."""
+    return InferenceEvent(
+        event_id=f"e{i}",
+        ts_ms=NOW - 60_000 + i,
+        service=f"svc{kind % 2}",
+        model=f"m{kind % 3}",
+        tenant=f"t{kind % 4}",
+        status=("ok", "error", "timeout", "cancelled")[kind % 4],
+        e2e_ms=100.0 + i,
+        ttft_ms=None if kind == 5 else 10.0 + i,
+        output_tokens=None if kind == 5 else kind,
+        itl_ms=[float(g) for g in range(kind)],
+        trace_id=f"{i:032x}" if kind % 2 else None,
+        host=f"h{kind}" if kind < 4 else None,
+        gpu_ids=[kind % 2, 7] if kind < 4 else [],
+        warmup=kind == 6,
+        prompt_version="p1" if kind == 1 else None,
+        experiment="exp" if kind == 2 else None,
+        experiments=[ExperimentTag(experiment="x2", variant="b")] if kind == 3 else [],
+        instance="vllm-0" if kind == 3 else None,
+        expert_ids=[1, 2] if kind == 4 else [],
+        rag_top1_similarity=0.5 if kind == 4 else None,
+        cache=CacheInfo(prefix_hit_tokens=1, prefix_query_tokens=10) if kind == 7 else None,
+        batch=BatchInfo(size=2, timed_out=True) if kind == 8 else None,
+        stages_ms={"queue": 5.0 + i} if kind == 8 else {},
+    )
+
+
+def columns_equal(a: Columns, b: Columns) -> None:
+    for f in dataclasses.fields(Columns):
+        if f.name.startswith("_"):
+            continue
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            np.testing.assert_array_equal(x, y, err_msg=f.name)
+        else:
+            assert x == y, f.name
+
+
+messages = st.lists(
+    st.tuples(st.booleans(), st.lists(st.integers(0, 9), min_size=1, max_size=8)),
+    min_size=1,
+    max_size=6,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(plan=messages)
+def test_a_batch_reads_as_the_records_it_holds(plan: list[tuple[bool, list[int]]]) -> None:
+    batch = RequestBatch()
+    events: list[InferenceEvent] = []
+    positions: list[tuple[int, int]] = []
+    for offset, (columnar, kinds) in enumerate(plan):
+        evs = [request(len(events) + j, kind) for j, kind in enumerate(kinds)]
+        if columnar:
+            decoded = decode_columns(encode_columns(evs), now_ms=NOW, limits=Limits())
+            assert not decoded.rejects
+            batch.add_columns(offset % 3, offset, decoded)
+        else:
+            batch.add_rows(offset % 3, offset, evs)
+        events += evs
+        positions += [(offset % 3, offset)] * len(evs)
+    gid, series = series_index(events)
+    assert batch.series == series
+    np.testing.assert_array_equal(batch.gid, gid)
+    columns_equal(batch.columns(), Columns.from_events(events, positions))
+    assert batch.served() == _served(events, gid)
+    assert batch.capacity_groups() == rows_by_deployment(events, positions)
+    named = batch.named_rows()
+    expected = [
+        i
+        for i, ev in enumerate(events)
+        if (ev.experiment or ev.experiments or ev.prompt_version) and not ev.warmup
+    ]
+    assert named == expected
+    assert batch.events(named) == [events[i] for i in named]
+    assert batch.positions(named) == [positions[i] for i in named]
+
+
+def test_rejected_requests_of_a_columnar_message_are_left_out() -> None:
+    evs = [request(i, 0) for i in range(4)]
+    future = InferenceEvent(**{**_fields(evs[1]), "ts_ms": NOW + 3_600_000})
+    decoded = decode_columns(
+        encode_columns([evs[0], future, evs[2], evs[3]]), now_ms=NOW, limits=Limits()
+    )
+    assert [r.index for r in decoded.rejects] == [1]
+    batch = RequestBatch()
+    batch.add_columns(0, 5, decoded)
+    kept = [evs[0], evs[2], evs[3]]
+    columns_equal(batch.columns(), Columns.from_events(kept, [(0, 5)] * 3))
+    assert batch.events([0, 1, 2]) == kept
+
+
+def _fields(ev: InferenceEvent) -> dict[str, Any]:
+    return {f: getattr(ev, f) for f in ev.__struct_fields__}

@@ -84,7 +84,7 @@ class RequestBatch:
         message = decoded.message
         kept = None if decoded.keep is None else np.flatnonzero(decoded.keep).tolist()
         index = self._index
-        lut = [index.setdefault(tuple(s), len(index)) for s in message.series]
+        lut = [index.setdefault(s, len(index)) for s in message.series]  # tuples, as decoded
         sid = message.requests.series
         self._gid.extend(lut[s] for s in (sid if kept is None else [sid[i] for i in kept]))
         self._messages.append(_Message(partition, offset, None, decoded, kept))
@@ -183,26 +183,63 @@ class RequestBatch:
 
     def _rare_rows(self) -> list[int]:
         """Requests carrying a cache, batch, flow-control or stage breakdown."""
-        flags = np.zeros(len(self), dtype=np.bool_)
-        for name in _RARE:
-            values = self._flat(name, lambda ev, name=name: getattr(ev, name) or None)
-            flags |= np.fromiter((v is not None for v in values), np.bool_, len(flags))
-        return np.flatnonzero(flags).tolist()  # type: ignore[no-any-return]
+        out: list[int] = []
+        at = 0
+        for m in self._messages:
+            if m.rows is not None:
+                out.extend(
+                    at + i
+                    for i, ev in enumerate(m.rows)
+                    if ev.cache or ev.batch or ev.flow_control or ev.stages_ms
+                )
+            else:
+                present = [v for name in _RARE if (v := m.column(name)) is not None]
+                if present:
+                    out.extend(
+                        at + i for i, values in enumerate(zip(*present, strict=True)) if any(values)
+                    )
+            at += len(m)
+        return out
 
     def served(self) -> dict[tuple[int, str, int], int]:
-        """The newest request time per ``(series index, host, GPU)`` that served it."""
-        hosts = self._flat("host", lambda ev: ev.host)
-        gpus = self._flat("gpu_ids", lambda ev: ev.gpu_ids)
-        ts = self.columns().ts.tolist()
-        out: dict[tuple[int, str, int], int] = {}
-        for g, host, ids, t in zip(self._gid, hosts, gpus, ts, strict=True):
-            if not host or not ids:
-                continue
-            for gpu in ids:
-                key = (g, host, gpu)
-                if t > out.get(key, -1):
-                    out[key] = t
-        return out
+        """The newest request time per ``(series index, host, GPU)`` that served it
+        (one sort over every (request, GPU) pair, not a dict lookup per request)."""
+        n = len(self)
+        hosts: dict[str, int] = {}
+        host = np.fromiter(
+            (
+                hosts.setdefault(h, len(hosts)) if h else -1
+                for h in self._flat("host", lambda ev: ev.host)
+            ),
+            dtype=np.int64,
+            count=n,
+        )
+        ids = [g or () for g in self._flat("gpu_ids", lambda ev: ev.gpu_ids)]
+        per = np.fromiter(map(len, ids), dtype=np.int64, count=n)
+        gpu = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(per.sum()))
+        rows = np.repeat(np.arange(n), per)
+        keep = host[rows] >= 0
+        rows, gpu = rows[keep], gpu[keep]
+        if rows.size == 0:
+            return {}
+        ts = self.columns().ts[rows]
+        g, h = self.gid[rows], host[rows]
+        order = np.lexsort((ts, gpu, h, g))  # by placement, newest last
+        g, h, gpu, ts = g[order], h[order], gpu[order], ts[order]
+        last = np.flatnonzero(
+            np.r_[(g[1:] != g[:-1]) | (h[1:] != h[:-1]) | (gpu[1:] != gpu[:-1]), True]
+        )
+        names = list(hosts)
+        return {
+            (gi, names[hi], gpu_i): t
+            for gi, hi, gpu_i, t in zip(
+                g[last].tolist(),
+                h[last].tolist(),
+                gpu[last].tolist(),
+                ts[last].tolist(),
+                strict=True,
+            )
+        }
 
     # -- the side consumers ----------------------------------------------------
     def events(self, rows: list[int]) -> list[InferenceEvent]:

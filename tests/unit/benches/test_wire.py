@@ -1,12 +1,12 @@
-"""The columnar encoding ``bench.wire`` measures holds the same requests as the rows."""
+"""``bench.wire`` reads both forms of the same requests through the ingest agent's code."""
 
 import json
 import time
 
-import msgspec
 from tailguard.schemas import Limits
+from tailguard.schemas.columnar import encode_columns
 
-from bench.wire import as_columns, columns, rows
+from bench.wire import decode_and_group
 
 
 def _request(i: int, **fields: object) -> dict[str, object]:
@@ -24,18 +24,21 @@ def _request(i: int, **fields: object) -> dict[str, object]:
     }
 
 
-def test_columns_keep_every_request_and_each_series_once() -> None:
-    raw = json.dumps([_request(i) for i in range(9)]).encode()
-    message = msgspec.json.decode(as_columns(raw))
-    assert len(message["series"]) == 3
-    assert message["requests"]["series"] == [i % 3 for i in range(9)]
-    assert message["requests"]["itl_ms"] == [10.0, 11.0, 12.0] * 9
+def test_both_forms_keep_every_valid_request() -> None:
+    requests = [_request(i) for i in range(9)]
+    rows = json.dumps(requests).encode()
     now = int(time.time() * 1000)
-    assert columns([as_columns(raw)], now, Limits()) == rows([(0, raw)], now, Limits()) == 9
+    columns = encode_columns(requests)
+    assert len(columns) < len(rows)
+    assert decode_and_group([(0, columns)], now, Limits()) == 9
+    assert decode_and_group([(0, rows)], now, Limits()) == 9
 
 
-def test_the_array_checks_drop_what_the_row_path_rejects() -> None:
-    bad = [_request(0, e2e_ms=-1.0), _request(1, itl_ms=[5.0, -2.0]), _request(2)]
-    raw = json.dumps(bad).encode()
+def test_a_bad_request_is_left_out_of_either_form() -> None:
+    good = [_request(i) for i in range(3)]
+    bad = json.dumps([*good, _request(3, ts_ms=int(time.time() * 1000) + 86_400_000)])
     now = int(time.time() * 1000)
-    assert columns([as_columns(raw)], now, Limits()) == rows([(0, raw)], now, Limits()) == 1
+    assert decode_and_group([(0, bad.encode())], now, Limits()) == 3
+    columns = json.loads(encode_columns(good))
+    columns["requests"]["ts_ms"][1] += 86_400_000  # a request from tomorrow
+    assert decode_and_group([(0, json.dumps(columns).encode())], now, Limits()) == 2

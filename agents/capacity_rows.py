@@ -59,10 +59,22 @@ class Groups(msgspec.Struct):
     runs: list[list[Run]] = []
 
 
-encode = msgspec.json.Encoder().encode
-#: ``list[Row]``: a message of one deployment (named by its key) from a worker
-#: of before the grouped messages, still in the topic after an upgrade.
-decode_message = msgspec.json.Decoder(Groups | list[Row]).decode
+#: MessagePack: a third of the time JSON takes to write the rows' floats.
+encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(Groups).decode
+#: Messages of older forwarders, still in the topic after an upgrade, are JSON:
+#: ``Groups``, or ``list[Row]`` (one deployment's rows, named by the message key).
+_decode_json = msgspec.json.Decoder(Groups | list[Row]).decode
+_JSON_STARTS = frozenset(b"{[ \t\r\n")
+
+
+def decode_message(value: bytes) -> Groups | list[Row]:
+    """A forwarded message, of this version (MessagePack) or an older one (JSON).
+
+    Raises ``msgspec.DecodeError`` for bytes that are neither."""
+    if value[:1] and value[0] in _JSON_STARTS:
+        return _decode_json(value)  # type: ignore[no-any-return]
+    return _decode(value)
 
 
 def row_of(ev: InferenceEvent) -> Row:

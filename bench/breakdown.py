@@ -24,10 +24,11 @@ _INGEST = "register_ingest.<locals>.process"
 _DISPATCH = "register_ingest.<locals>.dispatch"
 _FOLD = "SeriesFolder.fold"
 CATEGORIES: list[tuple[str, str, str | None]] = [
+    ("ingest: decode + validate", _INGEST, "decode_columns"),
     ("ingest: decode + validate", _INGEST, "decode"),
-    ("ingest: forward (columns, group, pack)", _DISPATCH, "route"),
+    ("ingest: forward (columns, group, pack)", _DISPATCH, "route_columns"),
     ("ingest: capacity/A-B/prompt fan-out", _DISPATCH, "build.<locals>.forward"),
-    ("ingest: columns, group in place", _DISPATCH, "group_series"),
+    ("ingest: columns, group in place", _DISPATCH, "columns_by_partition"),
     ("ingest: other (series, placement)", _DISPATCH, None),
     ("fold: checkpoints", "SeriesFolder.checkpoint", None),
     ("fold: fold + minute closes", _FOLD, "fold_many"),

@@ -3,6 +3,8 @@ every row with the input position of its event."""
 
 from typing import Any
 
+import msgspec
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from tailguard.agents.capacity_rows import (
@@ -31,9 +33,12 @@ def test_a_grouped_message_round_trips_with_its_input_positions() -> None:
 def test_messages_of_older_forwarders_still_decode() -> None:
     # Before input positions, a grouped message had no runs; before grouping, a
     # message held one deployment's rows (named by its key).
-    grouped = decode_message(encode({"groups": [("chat", "llama", [row(1)])]}))
+    # Both were JSON.
+    grouped = decode_message(msgspec.json.encode({"groups": [("chat", "llama", [row(1)])]}))
     assert isinstance(grouped, Groups) and grouped.runs == []
-    assert decode_message(encode([row(1), row(2)])) == [row(1), row(2)]
+    assert decode_message(msgspec.json.encode([row(1), row(2)])) == [row(1), row(2)]
+    with pytest.raises(msgspec.DecodeError):
+        decode_message(b"\xc1 not a message")
 
 
 def event(i: int, model: str) -> InferenceEvent:

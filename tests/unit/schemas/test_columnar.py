@@ -18,7 +18,7 @@ from tailguard.schemas.columnar import (
 )
 
 from tests.unit.schemas.conftest import NOW_MS, TS_MS
-from tests.unit.schemas.test_codec_properties import near_valid_events
+from tests.unit.schemas.test_codec_properties import json_values, near_valid_events
 
 SERIES = ("service", "model", "variant", "tenant")
 LIMITS = Limits()
@@ -185,3 +185,32 @@ def test_each_request_gets_the_verdict_its_row_gets(
         i: verdict.rejects[0].reason for i, verdict in enumerate(alone) if verdict.rejects
     }
     assert events_of(decoded) == [v for verdict in alone for v in verdict.valid]
+
+
+columnar_shapes = st.fixed_dictionaries(
+    {"schema": st.just(COLUMNS_SCHEMA_ID)},
+    optional={
+        "series": json_values,
+        "requests": st.dictionaries(
+            st.sampled_from(["series", "event_id", "ts_ms", "e2e_ms", "itl_len", "itl_ms", "x"]),
+            json_values,
+            max_size=6,
+        ),
+    },
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(doc=columnar_shapes | json_values)
+def test_decode_columns_never_raises_and_keeps_only_valid_requests(doc: Any) -> None:
+    decoded = decode_columns(raw(doc), now_ms=NOW_MS, limits=LIMITS)
+    assert all(r.reason in set(DeadLetterReason) for r in decoded.rejects)
+    for ev in events_of(decoded):
+        assert not decode(msgspec.json.encode(ev), "inference", now_ms=NOW_MS).rejects
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=300))
+def test_decode_columns_never_raises_for_bytes_that_name_the_schema(data: bytes) -> None:
+    message = b'{"schema":"' + COLUMNS_SCHEMA_ID.encode() + b'",' + data
+    decode_columns(message, now_ms=NOW_MS, limits=LIMITS)

@@ -418,9 +418,14 @@ def register_capacity(
                         extra={"instance": instance},
                     )
             if host:
-                core.gpus.update((host, g) for g in gpus)
-            dep.experts_dirty |= bool(experts)
-            for t in dep.experts.observe(experts, ok, e2e, ts):
+                for g in gpus:
+                    core.gpus.add((host, g))
+            if experts:
+                dep.experts_dirty = True
+                transitions = dep.experts.observe(experts, ok, e2e, ts)
+            else:
+                transitions = []
+            for t in transitions:
                 ev = {**t.evidence, "before": t.before, "open_experts": dep.experts.states()}
                 ev["fallback_share"] = round(dep.experts.fallback_share(), 4)
                 publish(

@@ -121,7 +121,10 @@ class LoadWindow:
             slot = self.open[start] = _Open()
         slot.e2e.append(e2e_ms)
         slot.tokens += output_tokens
-        return self._close(ts_ms - self.grace_ms)
+        watermark = ts_ms - self.grace_ms
+        if watermark < min(self.open) + self.interval_ms:
+            return []  # the oldest open interval is not over yet
+        return self._close(watermark)
 
     def _close(self, watermark: int) -> list[IntervalLoad]:
         out: list[IntervalLoad] = []

@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final, Literal, get_type_hints
 
 import msgspec
@@ -140,34 +141,39 @@ def is_columnar(raw: bytes) -> bool:
     return _MARKER in raw[:256] and raw.lstrip(b" \t\r\n")[:1] == b"{"
 
 
+_DEFAULTS: Final = InferenceEvent(
+    event_id="x", ts_ms=0, service="s", model="m", status="ok", e2e_ms=0
+)
+
+
 def encode_columns(events: Sequence[InferenceEvent | Mapping[str, Any]]) -> bytes:
-    """The columnar message holding ``events`` — records, or row objects as a
-    producer would send them (checked as records first: raises
-    ``msgspec.ValidationError`` for a row the worker would refuse)."""
-    if any(not isinstance(ev, InferenceEvent) for ev in events):
-        events = msgspec.convert(
-            [ev if isinstance(ev, InferenceEvent) else dict(ev) for ev in events],
-            list[InferenceEvent],
-            from_attributes=True,
-        )
-    index: dict[tuple[str, str, str, str], int] = {}
+    """The columnar message holding ``events``: records, or row objects as a
+    producer builds them (read as they are, unchecked: the worker judges each
+    request as that row; keys that are not fields are left out)."""
+    index: dict[tuple[Any, Any, Any, Any], int] = {}
     columns: dict[str, list[Any]] = {name: [] for name in ("series", *REQUIRED)}
     optional: dict[str, list[Any]] = {name: [] for name in OPTIONAL}
     itl_len: list[int] = []
-    itl: list[float] = []
+    itl: list[Any] = []
     for ev in events:
-        key = (ev.service, ev.model, ev.variant, ev.tenant)
+        get = ev.get if isinstance(ev, Mapping) else partial(getattr, ev)
+        key = (
+            get("service"),
+            get("model"),
+            get("variant") or "default",
+            get("tenant") or "default",
+        )
         columns["series"].append(index.setdefault(key, len(index)))
         for name in REQUIRED:
-            columns[name].append(getattr(ev, name))
+            columns[name].append(get(name))
         for name, column in optional.items():
-            column.append(getattr(ev, name))
-        itl_len.append(len(ev.itl_ms))
-        itl.extend(ev.itl_ms)
-    defaults = InferenceEvent(event_id="x", ts_ms=0, service="s", model="m", status="ok", e2e_ms=0)
+            column.append(get(name))
+        gaps = get("itl_ms") or []
+        itl_len.append(len(gaps))
+        itl.extend(gaps)
     for name, column in optional.items():
-        default = getattr(defaults, name)
-        if any(value != default for value in column):
+        default = getattr(_DEFAULTS, name)
+        if any(value is not None and value != default for value in column):
             columns[name] = [None if value == default else value for value in column]
     if any(itl_len):
         columns["itl_len"] = itl_len

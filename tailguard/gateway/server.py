@@ -259,6 +259,7 @@ class Gateway:
             buffer_events=config.buffer_events,
             batch_events=config.batch_events,
             linger_ms=config.linger_ms,
+            columns=True,
         )
         #: Blind rating hand-off (tailguard.ratings): a sample of the finished requests.
         self.ratings: EventPublisher | None = ratings

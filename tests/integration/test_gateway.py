@@ -22,6 +22,7 @@ import openai
 import pytest
 from confluent_kafka import Producer
 from tailguard.schemas import ce_headers
+from tailguard.schemas.columnar import rows_of
 
 from tailguard.catalogue import catalogue
 from tailguard.kafka_admin import create_topics
@@ -140,10 +141,10 @@ def gateway(
 
 
 def events_of(records: list[Any]) -> list[dict[str, Any]]:
-    """Inference messages are JSON arrays (batches): flatten them."""
+    """Inference messages (columns, or JSON arrays) as one list of request objects."""
     out: list[dict[str, Any]] = []
     for r in records:
-        out.extend(r if isinstance(r, list) else [r])
+        out.extend(rows_of(json.dumps(r).encode()))
     return out
 
 
@@ -455,7 +456,7 @@ def test_broker_outage_never_fails_a_request_and_buffered_events_arrive(
     while len(events) < 45 and time.monotonic() < deadline:
         for m in consumer.consume(100, timeout=1):
             if not m.error():
-                events.extend(json.loads(m.value()))
+                events.extend(rows_of(m.value()))
     consumer.close()
     units = [e["unit_id"] for e in events]
     assert len(units) == len(set(units)) == 45

@@ -1,7 +1,8 @@
 """The publisher never blocks a request, bounds what it holds, and drains in order."""
 
-import json
 from typing import Any
+
+from tailguard.schemas.columnar import is_columnar, rows_of
 
 from tailguard.gateway.publisher import EventPublisher
 
@@ -11,16 +12,19 @@ def _event(i: int, model: str = "m", gaps: int = 0) -> dict[str, Any]:
 
 
 def _values(producer: Any) -> list[dict[str, Any]]:
-    return [e for r in producer.sent for e in json.loads(r["value"])]
+    return [e for r in producer.sent for e in rows_of(r["value"])]
 
 
-def test_events_go_out_as_json_arrays_keyed_by_their_series(producer: Any) -> None:
-    pub = EventPublisher("unused:9092", "t.inference", batch_events=10, producer=producer)
+def test_inference_events_go_out_as_columns_keyed_by_their_series(producer: Any) -> None:
+    pub = EventPublisher(
+        "unused:9092", "t.inference", batch_events=10, producer=producer, columns=True
+    )
     for i in range(6):
         pub.submit(_event(i, model="a" if i % 2 else "b"))
     assert pub.drain() == 6
     producer.poll()
     assert {r["key"] for r in producer.sent} == {b"s|a|default|default", b"s|b|default|default"}
+    assert all(is_columnar(r["value"]) for r in producer.sent)
     assert [e["event_id"] for e in _values(producer)] == ["e0", "e2", "e4", "e1", "e3", "e5"]
     assert pub.stats.published == 6 and pub.buffered == 0
 

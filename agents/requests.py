@@ -83,10 +83,16 @@ class RequestBatch:
     def add_columns(self, partition: int, offset: int, decoded: ColumnsDecoded) -> None:
         message = decoded.message
         kept = None if decoded.keep is None else np.flatnonzero(decoded.keep).tolist()
-        index = self._index
-        lut = [index.setdefault(s, len(index)) for s in message.series]  # tuples, as decoded
         sid = message.requests.series
-        self._gid.extend(lut[s] for s in (sid if kept is None else [sid[i] for i in kept]))
+        if kept is not None:
+            sid = [sid[i] for i in kept]
+        # The batch's series in order of first use (a series no kept request names
+        # is left out), each looked up once per message.
+        index, names = self._index, message.series  # tuples, as decoded
+        lut: dict[int, int] = {}
+        for s in dict.fromkeys(sid):
+            lut[s] = index.setdefault(names[s], len(index))
+        self._gid.extend(map(lut.__getitem__, sid))
         self._messages.append(_Message(partition, offset, None, decoded, kept))
 
     # -- what every request has ----------------------------------------------

@@ -99,7 +99,7 @@ def test_a_batch_reads_as_the_records_it_holds(plan: list[tuple[bool, list[int]]
 
 
 def test_rejected_requests_of_a_columnar_message_are_left_out() -> None:
-    evs = [request(i, 0) for i in range(4)]
+    evs = [request(i, i) for i in range(4)]  # with hosts, GPUs, gaps
     future = InferenceEvent(**{**_fields(evs[1]), "ts_ms": NOW + 3_600_000})
     decoded = decode_columns(
         encode_columns([evs[0], future, evs[2], evs[3]]), now_ms=NOW, limits=Limits()
@@ -110,6 +110,8 @@ def test_rejected_requests_of_a_columnar_message_are_left_out() -> None:
     kept = [evs[0], evs[2], evs[3]]
     columns_equal(batch.columns(), Columns.from_events(kept, [(0, 5)] * 3))
     assert batch.events([0, 1, 2]) == kept
+    assert batch.capacity_groups() == rows_by_deployment(kept, [(0, 5)] * 3)
+    assert batch.served() == _served(kept, series_index(kept)[0])
 
 
 def _fields(ev: InferenceEvent) -> dict[str, Any]:

@@ -44,6 +44,7 @@ request by request the same way.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -132,13 +133,20 @@ class ColumnsDecoded:
 
 _DECODER: Final = msgspec.json.Decoder(InferenceColumns)
 _ENCODER: Final = msgspec.json.Encoder()
-_MARKER: Final = COLUMNS_SCHEMA_ID.encode()
+_SCHEMA_FIELD: Final = re.compile(
+    rb'"schema"\s*:\s*"' + re.escape(COLUMNS_SCHEMA_ID.encode()) + rb'"'
+)
 
 
 def is_columnar(raw: bytes) -> bool:
-    """Whether a message names the columnar schema near its start (where producers
-    put it); a row message never does, and a false positive is judged as columns."""
-    return _MARKER in raw[:256] and raw.lstrip(b" \t\r\n")[:1] == b"{"
+    """Whether a message is a JSON object whose ``schema`` is the columnar one.
+
+    Looked for near the start first (where producers put it), then anywhere: a
+    row object never names this schema (its own is ``tailguard.inference.v1``),
+    so one that does is judged, and refused, as columns."""
+    if raw.lstrip(b" \t\r\n")[:1] != b"{":
+        return False
+    return _SCHEMA_FIELD.search(raw, 0, 512) is not None or _SCHEMA_FIELD.search(raw) is not None
 
 
 _DEFAULTS: Final = InferenceEvent(

@@ -214,3 +214,14 @@ def test_decode_columns_never_raises_and_keeps_only_valid_requests(doc: Any) -> 
 def test_decode_columns_never_raises_for_bytes_that_name_the_schema(data: bytes) -> None:
     message = b'{"schema":"' + COLUMNS_SCHEMA_ID.encode() + b'",' + data
     decode_columns(message, now_ms=NOW_MS, limits=LIMITS)
+
+
+def test_a_message_is_columnar_wherever_it_names_the_schema(make_event: Any) -> None:
+    doc = columns_doc([make_event("inference"), make_event("inference", event_id="b")])
+    last = {"series": doc["series"], "requests": doc["requests"], "schema": doc["schema"]}
+    message = json.dumps(last, indent=1).encode()
+    assert is_columnar(message)
+    assert len(decode_columns(message, now_ms=NOW_MS, limits=LIMITS)) == 2
+    row = make_event("inference", error_type=COLUMNS_SCHEMA_ID)
+    assert not is_columnar(json.dumps(row).encode())
+    assert not is_columnar(json.dumps([row]).encode())

@@ -33,6 +33,7 @@ from typing import Any, Final
 
 import msgspec
 from tailguard.schemas.codec import DEFAULT_LIMITS
+from tailguard.schemas.columnar import COLUMNS_SCHEMA_ID, InferenceColumns
 from tailguard.schemas.prompts import PROMPT_SCHEMA, PROMPT_SLI_SCHEMA, PromptGroupSli, PromptRecord
 from tailguard.schemas.records import INPUT_RECORDS, OUTPUT_RECORDS, SCHEMA_IDS
 
@@ -134,6 +135,17 @@ def build_schema(kind: str) -> dict[str, Any]:
 
 #: Records of single-record topics defined beside ``records`` (schema id → Struct).
 RECORD_DOCUMENTS: Final[dict[str, tuple[type[msgspec.Struct], str]]] = {
+    COLUMNS_SCHEMA_ID: (
+        InferenceColumns,
+        "A Kafka message value of tailguard.inference in the columnar form: the series of "
+        "its requests listed once, and one array per field of tailguard.inference.v1 with "
+        "one entry per request (null: the field's default); requests.series indexes "
+        "series; itl_len holds each request's number of gaps and itl_ms all gaps, "
+        "concatenated. event_id, ts_ms, status and e2e_ms are required columns. Each "
+        "request is judged as the tailguard.inference.v1 object it stands for (its rules, "
+        "limits and dead-letter reasons); columns whose lengths disagree refuse the "
+        "message whole. " + _RUNTIME_RULES + _EXTRA_RULES["inference"],
+    ),
     PROMPT_SCHEMA: (
         PromptRecord,
         "One prompt version on the compacted topic tailguard.prompts (key: prompt_version). "

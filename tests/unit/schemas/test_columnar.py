@@ -225,3 +225,16 @@ def test_a_message_is_columnar_wherever_it_names_the_schema(make_event: Any) -> 
     row = make_event("inference", error_type=COLUMNS_SCHEMA_ID)
     assert not is_columnar(json.dumps(row).encode())
     assert not is_columnar(json.dumps([row]).encode())
+
+
+def test_a_columnar_message_validates_against_its_shipped_schema(make_event: Any) -> None:
+    import jsonschema
+    from tailguard.schemas.generate import SCHEMA_DIR
+
+    schema = json.loads((SCHEMA_DIR / f"{COLUMNS_SCHEMA_ID}.json").read_text())
+    rows = [make_event("inference", event_id=f"e{i}", tenant=f"t{i % 2}") for i in range(4)]
+    jsonschema.validate(json.loads(encode_columns(rows)), schema)
+    broken = json.loads(encode_columns(rows))
+    broken["requests"]["e2e_ms"][1] = -1.0
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema)

@@ -179,6 +179,7 @@ def register_ingest(
             stats.messages += 1
             raw = event.value
             if raw is not None and is_columnar(raw):
+                stats.messages_columnar += 1
                 columns = decode_columns(raw, now_ms=now, limits=limits)
                 rejects = columns.rejects
                 if len(columns):

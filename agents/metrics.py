@@ -65,6 +65,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: listed here are exported as ``tailguard_worker_<field>_total``.
 COUNTERS: dict[str, tuple[str, str]] = {
     "messages": ("tailguard_input_messages", "Input messages consumed by the ingest agents."),
+    "messages_columnar": (
+        "tailguard_input_messages_columnar",
+        "Input messages in the columnar form (tailguard.inference.columns.v1); the rest are rows.",
+    ),
     "events_valid": ("tailguard_events_valid", "Input events that passed validation."),
     "events_local": (
         "tailguard_events_local",

@@ -11,6 +11,8 @@ class WorkerStats:
     """What one worker has processed since it started."""
 
     messages: int = 0
+    #: Input messages in the columnar form (the others are rows: JSON objects).
+    messages_columnar: int = 0
     events_valid: int = 0
     #: Valid events folded on the partition they came in on (one broker hop).
     events_local: int = 0
@@ -35,7 +37,8 @@ class WorkerStats:
         """One log line."""
         dl = sum(self.deadletters.values())
         return (
-            f"messages={self.messages} valid={self.events_valid} applied={self.events_applied} "
+            f"messages={self.messages} columnar={self.messages_columnar} "
+            f"valid={self.events_valid} applied={self.events_applied} "
             f"late={self.late} duplicates={self.duplicates} replayed={self.replayed} "
             f"deadletters={dl} snapshots={self.snapshots} checkpoints={self.checkpoints} "
             f"checkpoint_s={self.checkpoint_seconds:.1f} "

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tailguard.schemas.columnar import encode_columns
 from tailguard.schemas.placement import by_home_partition, home_partition, series_key_of
 
 pytestmark = pytest.mark.integration
@@ -59,15 +60,17 @@ def make_events(start_ms: int) -> list[dict[str, Any]]:
 
 
 def placed(events: list[dict[str, Any]], partitions: int) -> list[tuple[bytes, bytes]]:
-    """Messages of up to 100 events, each of one home partition, keyed by a series of it."""
+    """Columnar messages of up to 100 events, each of one home partition, keyed by a
+    series of it (as the project's producers send them)."""
     out = []
     for lo in range(0, len(events), 100):
         for key, group in by_home_partition(events[lo : lo + 100], partitions).values():
-            out.append((key.encode(), json.dumps(group).encode()))
+            out.append((key.encode(), encode_columns(group)))
     return out
 
 
 def scattered(events: list[dict[str, Any]]) -> list[tuple[bytes, bytes]]:
+    """Rows (JSON arrays of 100 events) on arbitrary partitions."""
     return [
         (str(i % 7).encode(), json.dumps(events[lo : lo + 100]).encode())
         for i, lo in enumerate(range(0, len(events), 100))
@@ -88,8 +91,9 @@ def run_worker(
     collector: Callable[..., Any],
     produce: Callable[..., Any],
     total: int,
-) -> tuple[dict[str, dict[str, Any]], float, float, list[tuple[int, int]]]:
-    """Latest 1 h snapshot per series once all are counted, and (local, forwarded)."""
+) -> tuple[dict[str, dict[str, Any]], tuple[float, float, float], list[tuple[int, int]]]:
+    """Latest 1 h snapshot per series once all are counted, and the events folded
+    where they came in, the events forwarded, the columnar messages read."""
     positions = produce(ns.broker, ns.topic("tailguard.inference"), messages)
     port = free_port()
     worker = worker_factory(ns.prefix, "--web-port", str(port), ns=ns).start()
@@ -119,11 +123,12 @@ def run_worker(
             text = resp.read().decode()
         local = counter(text, "tailguard_events_local_total")
         forwarded = counter(text, "tailguard_events_forwarded_total")
+        columnar = counter(text, "tailguard_input_messages_columnar_total")
         if local + forwarded >= total or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     worker.stop()
-    return latest(sli.records), local, forwarded, positions
+    return latest(sli.records), (local, forwarded, columnar), positions
 
 
 def test_placed_input_is_folded_in_place_and_judged_like_forwarded_input(
@@ -137,22 +142,21 @@ def test_placed_input_is_folded_in_place_and_judged_like_forwarded_input(
     homes = {home_partition(series_key_of(e), namespace.partitions) for e in events}
     assert homes == set(range(namespace.partitions)), "the series must live on every partition"
 
-    here, local, forwarded, positions = run_worker(
-        namespace,
-        placed(events, namespace.partitions),
-        worker_factory,
-        collector,
-        produce,
-        len(events),
+    messages = placed(events, namespace.partitions)
+    here, (local, forwarded, columnar), positions = run_worker(
+        namespace, messages, worker_factory, collector, produce, len(events)
     )
     assert (local, forwarded) == (len(events), 0)
+    assert columnar == len(messages)
     # librdkafka's default partitioner put every message on its series' home.
     assert {p for p, _ in positions} == homes
 
-    away, local2, forwarded2, _ = run_worker(
+    # Rows, scattered: the same snapshots (the two forms are read alike).
+    away, (local2, forwarded2, columnar2), _ = run_worker(
         second_namespace, scattered(events), worker_factory, collector, produce, len(events)
     )
     assert local2 + forwarded2 == len(events) and forwarded2 > len(events) / 2
+    assert columnar2 == 0
 
     assert here.keys() == away.keys()
     for key, snap in here.items():

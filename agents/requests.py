@@ -6,7 +6,8 @@ decoded into ``InferenceEvent`` records) or columns
 ingest agent reads a batch of both through one :class:`RequestBatch`:
 
 - every request's series as an index into the batch's series (:attr:`gid`,
-  :attr:`series`) and its input position (:attr:`part`, :attr:`offset`);
+  :attr:`series`) and its input position (:meth:`positions`; the columns'
+  ``part`` and ``offset``);
 - the columns the windows fold (:meth:`columns`) and the GPUs that served
   each series (:meth:`served`);
 - for the side consumers: the capacity rows of each deployment
@@ -70,6 +71,7 @@ class RequestBatch:
         self._index: dict[Series, int] = {}
         self._gid: list[int] = []
         self._built: Columns | None = None
+        self._gid_array: np.ndarray | None = None
 
     # -- building ------------------------------------------------------------
     def add_rows(self, partition: int, offset: int, events: list[InferenceEvent]) -> None:
@@ -101,15 +103,15 @@ class RequestBatch:
 
     @property
     def series(self) -> list[Series]:
+        """The batch's series, first named first."""
         return list(self._index)
 
     @property
     def gid(self) -> np.ndarray:
-        return np.array(self._gid, dtype=np.int64)
-
-    @property
-    def part(self) -> np.ndarray:
-        return self.columns().part
+        """Each request's index into :attr:`series` (read once every message is added)."""
+        if self._gid_array is None or self._gid_array.size != len(self._gid):
+            self._gid_array = np.array(self._gid, dtype=np.int64)
+        return self._gid_array
 
     def positions(self, rows: list[int]) -> list[tuple[int, int]]:
         part, offset = self.columns().part, self.columns().offset

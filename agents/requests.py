@@ -81,6 +81,7 @@ class RequestBatch:
             for ev in events
         )
         self._messages.append(_Message(partition, offset, events, None, None))
+        self._built = None
 
     def add_columns(self, partition: int, offset: int, decoded: ColumnsDecoded) -> None:
         message = decoded.message
@@ -96,6 +97,7 @@ class RequestBatch:
             lut[s] = index.setdefault(names[s], len(index))
         self._gid.extend(map(lut.__getitem__, sid))
         self._messages.append(_Message(partition, offset, None, decoded, kept))
+        self._built = None
 
     # -- what every request has ----------------------------------------------
     def __len__(self) -> int:

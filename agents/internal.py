@@ -36,6 +36,7 @@ __all__ = [
     "route_columns",
     "series_index",
     "series_key",
+    "served_by",
     "subset",
     "take_requests",
 ]
@@ -118,17 +119,26 @@ def series_index(events: Sequence[InferenceEvent]) -> tuple[np.ndarray, list[Ser
 
 
 def _served(events: Sequence[InferenceEvent], gid: np.ndarray) -> dict[tuple[int, str, int], int]:
-    """The newest event time per ``(series index, host, gpu)`` that served them.
+    """The newest event time per ``(series index, host, gpu)`` that served them."""
+    ts = np.fromiter((ev.ts_ms for ev in events), dtype=np.int64, count=len(events))
+    return served_by(gid, [ev.host for ev in events], [ev.gpu_ids for ev in events], ts)
 
-    One sort over every (event, gpu) pair instead of a dict lookup per event."""
-    n = len(events)
-    hosts: dict[str, int] = {}
+
+def served_by(
+    gid: np.ndarray,
+    hosts: Sequence[str | None],
+    gpu_ids: Sequence[Sequence[int] | None],
+    ts: np.ndarray,
+) -> dict[tuple[int, str, int], int]:
+    """The newest request time per ``(series index, host, GPU)``, from each request's
+    series index, host, GPU ids and time: one sort over every (request, GPU) pair
+    instead of a dict lookup per request."""
+    n = len(hosts)
+    names: dict[str, int] = {}
     host = np.fromiter(
-        (hosts.setdefault(ev.host, len(hosts)) if ev.host else -1 for ev in events),
-        dtype=np.int64,
-        count=n,
+        (names.setdefault(h, len(names)) if h else -1 for h in hosts), dtype=np.int64, count=n
     )
-    ids = [ev.gpu_ids or () for ev in events]
+    ids = [g or () for g in gpu_ids]
     per = np.fromiter(map(len, ids), dtype=np.int64, count=n)
     gpu = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(per.sum()))
     rows = np.repeat(np.arange(n), per)
@@ -136,18 +146,18 @@ def _served(events: Sequence[InferenceEvent], gid: np.ndarray) -> dict[tuple[int
     rows, gpu = rows[keep], gpu[keep]
     if rows.size == 0:
         return {}
-    ts = np.fromiter((ev.ts_ms for ev in events), dtype=np.int64, count=n)[rows]
+    t = ts[rows]
     g, h = gid[rows], host[rows]
-    order = np.lexsort((ts, gpu, h, g))  # by placement, newest last
-    g, h, gpu, ts = g[order], h[order], gpu[order], ts[order]
+    order = np.lexsort((t, gpu, h, g))  # by placement, newest last
+    g, h, gpu, t = g[order], h[order], gpu[order], t[order]
     last = np.flatnonzero(
         np.r_[(g[1:] != g[:-1]) | (h[1:] != h[:-1]) | (gpu[1:] != gpu[:-1]), True]
     )
-    names = list(hosts)
+    listed = list(names)
     return {
-        (gi, names[hi], gpu_i): t
-        for gi, hi, gpu_i, t in zip(
-            g[last].tolist(), h[last].tolist(), gpu[last].tolist(), ts[last].tolist(), strict=True
+        (gi, listed[hi], gpu_i): newest
+        for gi, hi, gpu_i, newest in zip(
+            g[last].tolist(), h[last].tolist(), gpu[last].tolist(), t[last].tolist(), strict=True
         )
     }
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 from tailguard.agents.capacity_rows import Row, row_of
+from tailguard.agents.internal import served_by
 from tailguard.schemas import InferenceEvent
 from tailguard.schemas.columnar import ColumnsDecoded, events_of
 from tailguard.streams.columns import MAX_PROMPT_NAME, STATUS_CODES, Columns, event_hashes
@@ -212,44 +213,13 @@ class RequestBatch:
         return out
 
     def served(self) -> dict[tuple[int, str, int], int]:
-        """The newest request time per ``(series index, host, GPU)`` that served it
-        (one sort over every (request, GPU) pair, not a dict lookup per request)."""
-        n = len(self)
-        hosts: dict[str, int] = {}
-        host = np.fromiter(
-            (
-                hosts.setdefault(h, len(hosts)) if h else -1
-                for h in self._flat("host", lambda ev: ev.host)
-            ),
-            dtype=np.int64,
-            count=n,
+        """The newest request time per ``(series index, host, GPU)`` that served it."""
+        return served_by(
+            self.gid,
+            self._flat("host", lambda ev: ev.host),
+            self._flat("gpu_ids", lambda ev: ev.gpu_ids),
+            self.columns().ts,
         )
-        ids = [g or () for g in self._flat("gpu_ids", lambda ev: ev.gpu_ids)]
-        per = np.fromiter(map(len, ids), dtype=np.int64, count=n)
-        gpu = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(per.sum()))
-        rows = np.repeat(np.arange(n), per)
-        keep = host[rows] >= 0
-        rows, gpu = rows[keep], gpu[keep]
-        if rows.size == 0:
-            return {}
-        ts = self.columns().ts[rows]
-        g, h = self.gid[rows], host[rows]
-        order = np.lexsort((ts, gpu, h, g))  # by placement, newest last
-        g, h, gpu, ts = g[order], h[order], gpu[order], ts[order]
-        last = np.flatnonzero(
-            np.r_[(g[1:] != g[:-1]) | (h[1:] != h[:-1]) | (gpu[1:] != gpu[:-1]), True]
-        )
-        names = list(hosts)
-        return {
-            (gi, names[hi], gpu_i): t
-            for gi, hi, gpu_i, t in zip(
-                g[last].tolist(),
-                h[last].tolist(),
-                gpu[last].tolist(),
-                ts[last].tolist(),
-                strict=True,
-            )
-        }
 
     # -- the side consumers ----------------------------------------------------
     def events(self, rows: list[int]) -> list[InferenceEvent]:

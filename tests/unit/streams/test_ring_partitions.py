@@ -70,6 +70,22 @@ def fold(messages: list[Message], per_call: int) -> tuple[SeriesWindows, list[Ad
 plans = st.lists(moves, min_size=2, max_size=3)
 
 
+def both_paths(messages: list[Message], per_call: int) -> tuple[SeriesWindows, SeriesWindows]:
+    """``messages`` folded ``per_call`` at a time by the batched path and by the
+    request-by-request path; asserts they counted and closed alike."""
+    fast, slow = SeriesWindows(SMALL), SeriesWindows(SMALL)
+    fast_closes: list[int] = []
+    slow_closes: list[int] = []
+    fast_results, slow_results = [], []
+    for i in range(0, len(messages), per_call):
+        cols = columns(messages[i : i + per_call])
+        fast_results.append(fast.add_columns(cols, fast_closes.append))
+        slow_results.append(add_replay(slow, cols, slow_closes.append))
+    assert totals(fast_results) == totals(slow_results)
+    assert fast_closes == slow_closes
+    return fast, slow
+
+
 @settings(max_examples=120, deadline=None)
 @given(plans=plans, size=st.integers(min_value=1, max_value=6), per_call=st.integers(1, 5))
 def test_how_the_partitions_interleave_does_not_change_what_is_late_or_counted(
@@ -91,16 +107,7 @@ def test_vectorised_path_equals_the_request_by_request_path_over_several_partiti
     make_event: MakeEvent, plans: list[Any], size: int, per_call: int
 ) -> None:
     messages = in_turn(partition_messages(plans, make_event, size))
-    fast, slow = SeriesWindows(SMALL), SeriesWindows(SMALL)
-    fast_closes: list[int] = []
-    slow_closes: list[int] = []
-    fast_results, slow_results = [], []
-    for i in range(0, len(messages), per_call):
-        cols = columns(messages[i : i + per_call])
-        fast_results.append(fast.add_columns(cols, fast_closes.append))
-        slow_results.append(add_replay(slow, cols, slow_closes.append))
-    assert totals(fast_results) == totals(slow_results)
-    assert fast_closes == slow_closes
+    fast, slow = both_paths(messages, per_call)
     assert fast.take_changes() == slow.take_changes()
     for w in WINDOW_LENGTHS:
         assert fast.window(w).to_bytes() == slow.window(w).to_bytes()
@@ -117,16 +124,7 @@ def test_a_new_series_on_one_partition_is_folded_as_the_request_by_request_path_
         (3, offset, requests)
         for offset, requests in enumerate(in_messages(stream(plan, make_event), size))
     ]
-    fast, slow = SeriesWindows(SMALL), SeriesWindows(SMALL)
-    fast_closes: list[int] = []
-    slow_closes: list[int] = []
-    fast_results, slow_results = [], []
-    for i in range(0, len(messages), per_call):
-        cols = columns(messages[i : i + per_call])
-        fast_results.append(fast.add_columns(cols, fast_closes.append))
-        slow_results.append(add_replay(slow, cols, slow_closes.append))
-    assert totals(fast_results) == totals(slow_results)
-    assert fast_closes == slow_closes
+    fast, slow = both_paths(messages, per_call)
     assert fast.feeders == slow.feeders
     assert fast.watermark_ms == slow.watermark_ms
     assert fingerprint(fast) == fingerprint(slow)

@@ -9,8 +9,9 @@
    per series follows, so every series closes its minutes and publishes
    *final* snapshots.
 2. *Ceiling*: a bare confluent-kafka consumer reads the same topic and decodes
-   every message with msgspec into typed events — the most any Python consumer
-   of this topic could do on this machine, measured in the same run.
+   every message with msgspec (rows into typed events, columns into typed
+   lists) — the most any Python consumer of this topic could do on this
+   machine, measured in the same run.
 3. *Worker*: one ``tailguard worker`` subprocess with every agent on (ingest,
    SLI, breach evaluation, GPU join); the clock runs from the moment it
    reports ready to the moment its final 1-minute snapshots account for every

@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+from tailguard.schemas.columnar import rows_of
 
 pytestmark = pytest.mark.integration
 
@@ -93,8 +94,13 @@ def test_otlp_proto_and_json_batches_become_inference_events(
     worker.env["TAILGUARD_STATS_INTERVAL_S"] = "1"
     worker.start()
     inference = collector("tailguard.inference")
-    inference.wait_for(lambda r: sum(len(m) for m in r) >= 9, timeout=120, worker=worker)
-    events = [e for m in inference.records for e in m]
+
+    def requests(records: list[Any]) -> list[dict[str, Any]]:
+        """The inference messages' requests (the OTLP ingest writes columns)."""
+        return [e for m in records for e in rows_of(json.dumps(m).encode())]
+
+    inference.wait_for(lambda r: len(requests(r)) >= 9, timeout=120, worker=worker)
+    events = requests(inference.records)
     assert len(events) == 9
     by_id = {e["event_id"]: e for e in events}
     for spans, model in (

@@ -321,8 +321,9 @@ def _row(doc: dict[str, Any], i: int, gap_starts: list[int]) -> dict[str, Any]:
         value = column[i]
         if value is not None:
             row[name] = value
-    if "itl_ms" in req and req["itl_ms"] is not None:
-        row["itl_ms"] = req["itl_ms"][gap_starts[i] : gap_starts[i + 1]]
+    gaps = req.get("itl_ms")
+    if gaps and gap_starts[i + 1] > gap_starts[i]:  # a request without gaps has none, as a row
+        row["itl_ms"] = gaps[gap_starts[i] : gap_starts[i + 1]]
     return row
 
 

@@ -15,6 +15,7 @@ from tailguard.schemas.columnar import (
     encode_columns,
     events_of,
     is_columnar,
+    rows_of,
 )
 
 from tests.unit.schemas.conftest import NOW_MS, TS_MS
@@ -238,3 +239,16 @@ def test_a_columnar_message_validates_against_its_shipped_schema(make_event: Any
     broken["requests"]["e2e_ms"][1] = -1.0
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, schema)
+
+
+def test_rows_of_reads_either_form_back_as_the_rows_sent(make_event: Any) -> None:
+    rows = [
+        common(make_event("inference", event_id="a")),
+        {**common(make_event("inference", event_id="b")), "itl_ms": []},
+    ]
+    rows[1].pop("itl_ms")
+    message = encode_columns(rows)
+    back = rows_of(message)
+    assert [r["event_id"] for r in back] == ["a", "b"]
+    assert back[0]["itl_ms"] == rows[0]["itl_ms"] and "itl_ms" not in back[1]
+    assert rows_of(json.dumps(rows).encode()) == rows

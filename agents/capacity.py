@@ -29,24 +29,13 @@ as bytes of :mod:`tailguard.streams.capacity_state`::
 A message holds the rows of one ingest batch for the deployments of one
 partition (a deployment always hashes to the same one), grouped by deployment,
 at most 2,000 rows (the wire format: :mod:`~tailguard.agents.capacity_rows`).
-Per message: each deployment in it is read from the table
-once (then kept in memory until the next partition assignment), its rows are
-applied, the records they produced are flushed, and then, per deployment, the
-records that changed are written — experts, indexes and the knee first, the
-core (with the message's offset) last. The core is small (~0.1 KB with light
-traffic): the knee history (~8 KB when full) is written only when an interval
-closed, every 10 s of event time, not with every message — with thousands of
-deployments a batch holds a few rows of each, and rewriting the history per
-message made the agent write 8 KB of changelog per request. A restarted
-worker (same data directory, or a new one restored from the changelog)
-continues with the same knee, episode, breakers and thresholds: no second
-scale_up for an overload it already answered, no breaker closed by a restart.
-A message at or below a deployment's stored offset was applied to it already
-(a crash between the writes and the consumer's commit) and is skipped for it;
-a crash between the component writes and the core write can re-apply one
-message to breakers and indexes (counted, never lost); a crash between the
-knee write and the core write re-closes an interval whose sample the history
-has already, and the tracker ignores a sample no newer than its newest.
+Per message: each deployment in it is read from the table once (then kept
+in memory until the next partition assignment), its rows are applied, the
+records they produced are flushed, then the state that changed is written —
+experts, indexes and the knee (only when an interval closed) first, the core
+(with the message's offset) last. A message at or below a deployment's stored
+offset was applied to it already and is skipped for it; why each crash point
+loses and invents nothing is in docs/capacity.md.
 
 The ingest acknowledges its input at checkpoints, so after a crash it forwards
 again the requests since the last one, in new internal messages. Every row
@@ -77,17 +66,17 @@ from tailguard.agents.capacity_rows import (
     partition_of,
     rows_by_deployment,
 )
+from tailguard.agents.capacity_tuning import CapacityTuning
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
 from tailguard.agents.topics import internal_topic, precreate_topics
 from tailguard.schemas import InferenceEvent
-from tailguard.streams.breaker import BreakerPolicy, ExpertBreakers
+from tailguard.streams.breaker import ExpertBreakers
 from tailguard.streams.capacity import (
     HOLD,
     Decision,
     LoadWindow,
-    ScalePolicy,
     WarmupTracker,
     decide,
 )
@@ -104,8 +93,8 @@ from tailguard.streams.capacity_state import (
 )
 from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.input_marks import Run, unapplied
-from tailguard.streams.knee import KneeConfig, KneeTracker
-from tailguard.streams.rag import RagConfig, RagThreshold
+from tailguard.streams.knee import KneeTracker
+from tailguard.streams.rag import RagThreshold
 
 from tailguard import catalogue as cat
 
@@ -126,33 +115,6 @@ CAPACITY_TABLE = "tailguard-capacity"
 _SEP = "\x1f"
 #: Holds published (besides scale_up/scale_down): a wanted action that a guard blocked.
 _BLOCKED = {"weights_resident", "cooldown"}
-
-
-@dataclass(frozen=True, slots=True)
-class CapacityTuning:
-    """Every knob of the capacity agent (defaults: SPEC.md §3 item 7)."""
-
-    interval_ms: int = 10_000
-    grace_ms: int = 2_000
-    knee: KneeConfig = field(default_factory=KneeConfig)
-    scale: ScalePolicy = field(default_factory=ScalePolicy)
-    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
-    rag: RagConfig = field(default_factory=RagConfig)
-    warmup_after: int = 20
-
-    @classmethod
-    def from_json(cls, text: str) -> "CapacityTuning":
-        """From ``TAILGUARD_CAPACITY`` JSON: {"interval_ms":…, "knee":{…}, "scale":{…}, …}."""
-        raw = json.loads(text) if text else {}
-        parts = {
-            "knee": KneeConfig,
-            "scale": ScalePolicy,
-            "breaker": BreakerPolicy,
-            "rag": RagConfig,
-        }
-        kw: dict[str, Any] = {k: parts[k](**v) for k, v in raw.items() if k in parts}
-        kw.update({k: v for k, v in raw.items() if k not in parts})
-        return cls(**kw)
 
 
 @dataclass(slots=True)

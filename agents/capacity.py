@@ -48,7 +48,6 @@ applied per input partition, and a row at or below it is skipped
 import asyncio
 import hashlib
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,14 +63,12 @@ from tailguard.agents.capacity_rows import (
     decode_message,
     messages,
     partition_of,
-    rows_by_deployment,
 )
 from tailguard.agents.capacity_tuning import CapacityTuning
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
 from tailguard.agents.topics import internal_topic, precreate_topics
-from tailguard.schemas import InferenceEvent
 from tailguard.streams.breaker import ExpertBreakers
 from tailguard.streams.capacity import (
     HOLD,
@@ -163,8 +160,6 @@ class CapacityPlane:
     deployments: dict[str, _Deployment]
     agent: Any = None
     table: Any = None
-    #: ``forward`` of rows already grouped by deployment (``RequestBatch.capacity_groups``).
-    forward_groups: Any = None
 
 
 def _event_id(*parts: object) -> str:
@@ -275,12 +270,7 @@ def register_capacity(
         dep.core.offset = offset
         table[f"C{_SEP}{key}".encode()] = encode_core(dep.core, history=False)
 
-    async def forward(
-        events: Sequence[InferenceEvent], positions: Sequence[tuple[int, int]]
-    ) -> None:
-        await forward_groups(rows_by_deployment(events, positions))
-
-    async def forward_groups(groups: dict[tuple[str, str], tuple[list[Row], list[Run]]]) -> None:
+    async def forward(groups: dict[tuple[str, str], tuple[list[Row], list[Run]]]) -> None:
         """Forward each deployment's rows of one ingest batch (and their input positions)."""
         by_partition: dict[int, list[Group]] = {}
         for (service, model), (rows, runs) in groups.items():
@@ -497,4 +487,4 @@ def register_capacity(
         # Deployments are read from the table again: another worker may have moved them on.
         deployments.clear()
 
-    return CapacityPlane(forward, cstats, deployments, capacity, table, forward_groups)
+    return CapacityPlane(forward, cstats, deployments, capacity, table)

@@ -4,7 +4,7 @@ The ingest agent validates input once, groups the requests by series as
 columns (raw numpy arrays, see :class:`~tailguard.streams.columns.Columns`),
 each group in input order, with the input position of every request so a
 fold applies every input message exactly once. Series at home on their input
-partition are folded where they arrive (:func:`group_series`); the others are
+partition are folded where they arrive (:func:`columns_by_partition`); the others are
 forwarded, one message per internal partition holding many series
 (:func:`route`), whose decoding is a handful of ``np.frombuffer`` calls
 whatever the number of requests.
@@ -30,14 +30,12 @@ __all__ = [
     "encode_groups",
     "group_by_partition",
     "group_columns",
-    "group_series",
     "partition_for",
     "route",
     "route_columns",
     "series_index",
     "series_key",
     "served_by",
-    "subset",
     "take_requests",
 ]
 
@@ -162,18 +160,6 @@ def served_by(
     }
 
 
-def group_series(
-    events: Sequence[InferenceEvent],
-    positions: list[tuple[int, int]],
-    index: tuple[np.ndarray, list[Series]] | None = None,
-) -> SeriesGroups:
-    """``events`` grouped by series, each group in input order: what :func:`route`
-    packs, for a fold on this worker (no size budget, no wire). ``index``: each
-    event's series index and the series (:func:`series_index`), when known."""
-    gid, series = index if index is not None else series_index(events)
-    return group_columns(Columns.from_events(events, positions), gid, series, _served(events, gid))
-
-
 def group_columns(
     cols: Columns, gid: np.ndarray, series: list[Series], served: dict[tuple[int, str, int], int]
 ) -> SeriesGroups:
@@ -197,7 +183,7 @@ def group_by_partition(
     index: tuple[np.ndarray, list[Series]],
     rows: np.ndarray,
 ) -> dict[int, SeriesGroups]:
-    """The events at ``rows``, per input partition, grouped by series (:func:`group_series`).
+    """The events at ``rows``, per input partition, grouped by series (:func:`group_columns`).
 
     ``index``: every event's series index and the series (:func:`series_index`)."""
     gid, series = index
@@ -238,15 +224,6 @@ def take_requests(
         [series[i] for i in ids.tolist()],
         {(renumber[g], host, gpu): ts for (g, host, gpu), ts in served.items() if g in renumber},
     )
-
-
-def subset(
-    index: tuple[np.ndarray, list[Series]], rows: np.ndarray
-) -> tuple[np.ndarray, list[Series]]:
-    """The series index (:func:`series_index`) of the events at ``rows`` alone."""
-    gid, series = index
-    ids, inverse = np.unique(gid[rows], return_inverse=True)
-    return inverse.reshape(-1), [series[i] for i in ids.tolist()]
 
 
 #: Budget of one forwarded message: well under the producer's request limit.

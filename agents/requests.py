@@ -31,7 +31,7 @@ from tailguard.agents.capacity_rows import Row, row_of
 from tailguard.agents.internal import served_by
 from tailguard.schemas import InferenceEvent
 from tailguard.schemas.columnar import ColumnsDecoded, events_of
-from tailguard.streams.columns import MAX_PROMPT_NAME, STATUS_CODES, Columns, event_hashes
+from tailguard.streams.columns import STATUS_CODES, Columns, event_hashes, prompt_column
 from tailguard.streams.input_marks import Run
 
 __all__ = ["RequestBatch"]
@@ -157,7 +157,7 @@ class RequestBatch:
             part=part,
             offset=offset,
         )
-        cols.prompt_names, cols.prompt = _prompts(
+        cols.prompt_names, cols.prompt = prompt_column(
             self._flat("prompt_version", lambda ev: ev.prompt_version)
         )
         rare = self._rare_rows()
@@ -303,14 +303,3 @@ class RequestBatch:
             col("rag_index", "default"),
             strict=True,
         )
-
-
-def _prompts(names: list[str | None]) -> tuple[list[str], np.ndarray]:
-    """Prompt version names (first seen first) and each request's index (−1: none)."""
-    index: dict[str, int] = {}
-    out = np.full(len(names), -1, dtype=np.int32)
-    for i, name in enumerate(names):
-        if not name or len(name) > MAX_PROMPT_NAME:
-            continue
-        out[i] = index.setdefault(name, len(index))
-    return list(index), out

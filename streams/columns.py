@@ -27,6 +27,7 @@ __all__ = [
     "Columns",
     "event_hash",
     "event_hashes",
+    "prompt_column",
 ]
 
 #: Status → code. ``error``, ``timeout`` and ``rejected`` are errors; anything
@@ -96,16 +97,18 @@ MAX_PROMPT_NAME = 128
 
 def _prompt_column(events: Sequence[LatencyEvent]) -> tuple[list[str], np.ndarray]:
     """Prompt version names (first seen first) and each request's index (−1: none)."""
+    return prompt_column([getattr(ev, "prompt_version", None) for ev in events])
+
+
+def prompt_column(names: Sequence[str | None]) -> tuple[list[str], np.ndarray]:
+    """Each request's prompt version (None: none) as the distinct names, first seen
+    first, and each request's index into them (−1: none, or a name too long)."""
     index: dict[str, int] = {}
-    out = np.full(len(events), -1, dtype=np.int32)
-    for i, ev in enumerate(events):
-        name = getattr(ev, "prompt_version", None)
+    out = np.full(len(names), -1, dtype=np.int32)
+    for i, name in enumerate(names):
         if not name or len(name) > MAX_PROMPT_NAME:
             continue
-        j = index.get(name)
-        if j is None:
-            j = index[name] = len(index)
-        out[i] = j
+        out[i] = index.setdefault(name, len(index))
     return list(index), out
 
 

@@ -3,7 +3,7 @@
 ::
 
     ingest (validated events) ──forward──▶ tailguard.internal.capacity ──▶ capacity agent
-         (compact rows grouped by deployment service|model,                │
+         (columns of the requests of each deployment service|model,        │
           one message per partition and batch)                             │
                                                                             ├─▶ tailguard.capacity
     GpuCache (latest tailguard.gpu sample per host:gpu) ──join─────────────┤
@@ -26,11 +26,13 @@ as bytes of :mod:`tailguard.streams.capacity_state`::
     E␟service|model          expert breakers and recent expert traffic
     R␟service|model␟index    one RAG index: similarity window and threshold
 
-A message holds the rows of one ingest batch for the deployments of one
-partition (a deployment always hashes to the same one), grouped by deployment,
-at most 2,000 rows (the wire format: :mod:`~tailguard.agents.capacity_rows`).
-Per message: each deployment in it is read from the table once (then kept
-in memory until the next partition assignment), its rows are applied, the
+A message holds the requests of one ingest batch for the deployments of one
+partition (a deployment always hashes to the same one), as columns per
+deployment, at most 2,000 requests (the wire format:
+:mod:`~tailguard.agents.capacity_columns`). Per message: each deployment in it
+is read from the table once (then kept in memory until the next partition
+assignment), its requests are applied
+(:func:`~tailguard.agents.capacity_apply.apply_rows`), the
 records they produced are flushed, then the state that changed is written —
 experts, indexes and the knee (only when an interval closed) first, the core
 (with the message's offset) last. A message at or below a deployment's stored
@@ -48,18 +50,25 @@ applied per input partition, and a row at or below it is skipped
 import asyncio
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import faust
 import msgspec
 from faust.types import TP
-from tailguard.agents.capacity_rows import (
+from tailguard.agents.capacity_apply import (
+    Breaker,
+    Deployment,
+    Interval,
+    RagChange,
+    Warmup,
+    apply_rows,
+)
+from tailguard.agents.capacity_columns import (
     MAX_BYTES,
     MAX_ROWS,
+    CapacityRows,
     Group,
-    Groups,
-    Row,
     decode_message,
     messages,
     partition_of,
@@ -69,16 +78,11 @@ from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
 from tailguard.agents.topics import internal_topic, precreate_topics
-from tailguard.streams.breaker import ExpertBreakers
 from tailguard.streams.capacity import (
     HOLD,
     Decision,
-    LoadWindow,
-    WarmupTracker,
-    decide,
 )
 from tailguard.streams.capacity_state import (
-    CoreState,
     decode_core,
     decode_experts,
     decode_knee,
@@ -89,8 +93,7 @@ from tailguard.streams.capacity_state import (
     encode_rag,
 )
 from tailguard.streams.errors import CorruptStateError
-from tailguard.streams.input_marks import Run, unapplied
-from tailguard.streams.knee import KneeTracker
+from tailguard.streams.input_marks import unapplied
 from tailguard.streams.rag import RagThreshold
 
 from tailguard import catalogue as cat
@@ -115,29 +118,6 @@ _BLOCKED = {"weights_resident", "cooldown"}
 
 
 @dataclass(slots=True)
-class _Deployment:
-    service: str
-    model: str
-    tuning: CapacityTuning
-    core: CoreState
-    experts: ExpertBreakers
-    rag: dict[str, RagThreshold] = field(default_factory=dict)
-    #: Written since the last save: the expert breakers, these RAG indexes, the knee.
-    experts_dirty: bool = False
-    rag_dirty: set[str] = field(default_factory=set)
-    knee_dirty: bool = False
-
-    @classmethod
-    def new(cls, service: str, model: str, tuning: CapacityTuning) -> "_Deployment":
-        core = CoreState(
-            LoadWindow(tuning.interval_ms, tuning.grace_ms),
-            KneeTracker(tuning.knee),
-            warmup=WarmupTracker(tuning.warmup_after),
-        )
-        return cls(service, model, tuning, core, ExpertBreakers(tuning.breaker))
-
-
-@dataclass(slots=True)
 class CapacityStats:
     rows: int = 0
     published: int = 0
@@ -157,13 +137,21 @@ class CapacityPlane:
 
     forward: Any
     stats: CapacityStats
-    deployments: dict[str, _Deployment]
+    deployments: dict[str, Deployment]
     agent: Any = None
     table: Any = None
 
 
 def _event_id(*parts: object) -> str:
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:32]
+
+
+def _direction(change: dict[str, Any]) -> str:
+    """How a RAG similarity threshold moved."""
+    previous = change["previous"]
+    if previous is None:
+        return "initial"
+    return "lowered" if change["threshold"] < previous else "raised"
 
 
 def register_capacity(
@@ -194,18 +182,18 @@ def register_capacity(
     out_topic = settings.topic_prefix + cat.CAPACITY
     cstats = CapacityStats()
     # Deployments read from the table since the last partition assignment.
-    deployments: dict[str, _Deployment] = {}
+    deployments: dict[str, Deployment] = {}
 
     def corrupt(key: bytes, exc: CorruptStateError) -> None:
         cstats.corrupt_states += 1
         app.log.error("tailguard: capacity state %r discarded: %s", key, exc)
 
-    def load(key: str, service: str, model: str) -> _Deployment:
+    def load(key: str, service: str, model: str) -> Deployment:
         """The deployment from memory, else from the table, else new."""
         dep = deployments.get(key)
         if dep is not None:
             return dep
-        dep = _Deployment.new(service, model, tune)
+        dep = Deployment.new(service, model, tune)
         ckey, ekey = f"C{_SEP}{key}".encode(), f"E{_SEP}{key}".encode()
         raw = table.get(ckey)
         if raw is not None:
@@ -238,7 +226,7 @@ def register_capacity(
         deployments[key] = dep
         return dep
 
-    def rag_tracker(dep: _Deployment, index: str) -> RagThreshold:
+    def rag_tracker(dep: Deployment, index: str) -> RagThreshold:
         tracker = dep.rag.get(index)
         if tracker is not None:
             return tracker
@@ -255,7 +243,7 @@ def register_capacity(
         dep.rag[index] = tracker
         return tracker
 
-    def save(dep: _Deployment, offset: int) -> None:
+    def save(dep: Deployment, offset: int) -> None:
         """Write what changed: breakers and indexes first, the core (with ``offset``) last."""
         key = f"{dep.service}|{dep.model}"
         if dep.experts_dirty:
@@ -270,17 +258,17 @@ def register_capacity(
         dep.core.offset = offset
         table[f"C{_SEP}{key}".encode()] = encode_core(dep.core, history=False)
 
-    async def forward(groups: dict[tuple[str, str], tuple[list[Row], list[Run]]]) -> None:
-        """Forward each deployment's rows of one ingest batch (and their input positions)."""
+    async def forward(groups: list[Group]) -> None:
+        """Forward each deployment's requests of one ingest batch (and their input positions)."""
         by_partition: dict[int, list[Group]] = {}
-        for (service, model), (rows, runs) in groups.items():
-            partition = partition_of(f"{service}|{model}", settings.partitions)
-            by_partition.setdefault(partition, []).append((service, model, rows, runs))
+        for group in groups:
+            partition = partition_of(f"{group[0]}|{group[1]}", settings.partitions)
+            by_partition.setdefault(partition, []).append(group)
         for partition, groups in by_partition.items():
             for value in messages(groups, MAX_ROWS, MAX_BYTES):
                 await internal.send(key=f"p{partition}".encode(), value=value, partition=partition)
 
-    def gpu_state(dep: _Deployment) -> tuple[float | None, float | None, dict[str, Any]]:
+    def gpu_state(dep: Deployment) -> tuple[float | None, float | None, dict[str, Any]]:
         """Mean GPU utilisation and the highest memory fraction of the deployment's GPUs."""
         utils: list[float] = []
         mems: list[float] = []
@@ -305,7 +293,7 @@ def register_capacity(
         )
 
     def publish(
-        dep: _Deployment,
+        dep: Deployment,
         kind: str,
         decision: str,
         ts_ms: int,
@@ -344,7 +332,7 @@ def register_capacity(
                 key=key,
             )
 
-    def on_scale(dep: _Deployment, d: Decision, ts_ms: int, gpu_ev: dict[str, Any]) -> None:
+    def on_scale(dep: Deployment, d: Decision, ts_ms: int, gpu_ev: dict[str, Any]) -> None:
         core = dep.core
         if d.actionable:
             core.last_hold = None
@@ -354,118 +342,55 @@ def register_capacity(
             publish(dep, "scale", HOLD, ts_ms, {**d.evidence, **gpu_ev}, reason=d.reason)
         core.last_hold = d.reason if d.reason in _BLOCKED else None
 
-    def absorb(dep: _Deployment, rows: list[Row]) -> None:
-        core = dep.core
-        for ts, e2e, ttft, tokens, ok, warm, instance, host, gpus, experts, sim, index in rows:
-            if instance:
-                report = core.warmup.add(instance, warm, ttft)
-                if report is not None:
-                    publish(
-                        dep,
-                        "warmup",
-                        "effective" if report.effective else "ineffective",
-                        ts,
-                        report.evidence(),
-                        subject=instance,
-                        extra={"instance": instance},
-                    )
-            if host:
-                for g in gpus:
-                    core.gpus.add((host, g))
-            if experts:
-                dep.experts_dirty = True
-                transitions = dep.experts.observe(experts, ok, e2e, ts)
-            else:
-                transitions = []
-            for t in transitions:
-                ev = {**t.evidence, "before": t.before, "open_experts": dep.experts.states()}
-                ev["fallback_share"] = round(dep.experts.fallback_share(), 4)
-                publish(
-                    dep,
-                    "breaker",
-                    t.after,
-                    ts,
-                    ev,
-                    subject=str(t.expert),
-                    extra={"expert": t.expert},
-                )
-            if sim is not None:
-                tracker = rag_tracker(dep, index)
-                dep.rag_dirty.add(index)
-                change = tracker.add(sim)
-                if change is not None:
-                    previous = change["previous"]
-                    direction = (
-                        "initial"
-                        if previous is None
-                        else "lowered"
-                        if change["threshold"] < previous
-                        else "raised"
-                    )
+    def absorb(dep: Deployment, rows: CapacityRows) -> None:
+        before = dep.core.load.late
+        for effect in apply_rows(dep, rows, gpu_state, rag_tracker):
+            match effect:
+                case Warmup(ts, instance, report):
+                    verdict = "effective" if report.effective else "ineffective"
+                    extra = {"instance": instance}
+                    evidence = report.evidence()
+                    publish(dep, "warmup", verdict, ts, evidence, subject=instance, extra=extra)
+                case Breaker(ts, t, evidence):
+                    extra = {"expert": t.expert}
+                    subject = str(t.expert)
+                    publish(dep, "breaker", t.after, ts, evidence, subject=subject, extra=extra)
+                case RagChange(ts, index, change):
                     publish(
                         dep,
                         "rag_threshold",
-                        direction,
+                        _direction(change),
                         ts,
                         change,
                         subject=index,
                         extra={"index": index},
                     )
-            if warm:
-                continue  # warm-up load is not serving capacity
-            before = core.load.late
-            for closed in core.load.add(ts, e2e, tokens):
-                knee = core.knee.add(closed.sample)
-                dep.knee_dirty = True
-                if knee is not None:
-                    publish(dep, "knee", "updated", closed.end_ms, knee.evidence())
-                util, mem, gpu_ev = gpu_state(dep)
-                gpu_ev.update(
-                    interval_start_ms=closed.start_ms,
-                    requests=closed.requests,
-                    p95_ms=round(closed.sample.p95_ms, 3),
-                    tokens_per_s=round(closed.sample.tokens_per_s, 3),
-                )
-                d = decide(
-                    dep.tuning.scale,
-                    core.scale,
-                    ts_ms=closed.end_ms,
-                    concurrency=closed.sample.concurrency,
-                    knee=core.knee.published,
-                    util_pct=util,
-                    mem_fraction=mem,
-                )
-                on_scale(dep, d, closed.end_ms, gpu_ev)
-                core.gpus.clear()
-            cstats.late += core.load.late - before
+                case Interval(closed, knee, decision, gpu_ev):
+                    if knee is not None:
+                        publish(dep, "knee", "updated", closed.end_ms, knee.evidence())
+                    on_scale(dep, decision, closed.end_ms, gpu_ev)
+        cstats.late += dep.core.load.late - before
 
     @app.agent(internal, name="tailguard.capacity")
     async def capacity(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
             try:
-                message = decode_message(event.value)
+                groups = decode_message(event.value, event.key)
             except msgspec.DecodeError as exc:  # written by our own forwarder: a bug
                 key = event.key or b""
                 app.log.error("tailguard: undecodable capacity rows on %r: %s", key, exc)
                 continue
-            runs: list[list[Run]] = []
-            if isinstance(message, Groups):
-                groups, runs = message.groups, message.runs
-            else:
-                service, _, model = (event.key or b"").decode().partition("|")
-                groups = [(service, model, message)]
             offset = event.message.offset
             published = cstats.published
-            applied: list[_Deployment] = []
-            for i, (service, model, rows) in enumerate(groups):
+            applied: list[Deployment] = []
+            for service, model, rows, runs in groups:
                 dep = load(f"{service}|{model}", service, model)
                 if offset <= dep.core.offset:  # applied before a crash (per deployment)
                     cstats.replayed += 1
                     continue
                 # Rows the ingest forwards again after a crash (its input is
                 # acknowledged at checkpoints): applied once, by input position.
-                ranges = unapplied(dep.core.applied, runs[i] if i < len(runs) else [], len(rows))
-                fresh = [row for lo, hi in ranges for row in rows[lo:hi]]
+                fresh = rows.take(unapplied(dep.core.applied, runs, len(rows)))
                 cstats.replayed_rows += len(rows) - len(fresh)
                 cstats.rows += len(fresh)
                 absorb(dep, fresh)

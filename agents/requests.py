@@ -21,13 +21,13 @@ requests that carry a cache, batch, flow-control or stage breakdown (their
 cause flags and stage columns are read from records).
 """
 
-from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import chain, repeat
+from itertools import chain, pairwise, repeat
 from typing import Any
 
 import numpy as np
-from tailguard.agents.capacity_rows import Row, row_of
+from tailguard.agents.capacity_columns import CapacityRows
+from tailguard.agents.capacity_columns import Group as CapacityGroup
 from tailguard.agents.internal import served_by
 from tailguard.schemas import InferenceEvent
 from tailguard.schemas.columnar import ColumnsDecoded, events_of
@@ -256,50 +256,65 @@ class RequestBatch:
             if (e or t or p) and not warm[i]
         ]
 
-    def capacity_groups(self) -> dict[tuple[str, str], tuple[list[Row], list[Run]]]:
-        """Each deployment's capacity rows, in input order, with their input positions
-        as runs (what ``capacity_rows.rows_by_deployment`` makes of records)."""
-        out: dict[tuple[str, str], tuple[list[Row], list[Run]]] = {}
+    def capacity_groups(self) -> list[CapacityGroup]:
+        """Each deployment's requests as the capacity agent reads them, in input order,
+        with their input positions as runs; deployments in order of first request."""
+        cols = self.columns()
         series = self.series
-        at = 0
-        for m in self._messages:
-            n = len(m)
-            rows = self._capacity_rows(m)
-            for g, row in zip(self._gid[at : at + n], rows, strict=True):
-                service, model = series[g][0], series[g][1]
-                rows_, runs = out.setdefault((service, model), ([], []))
-                rows_.append(row)
-                if runs and runs[-1][0] == m.partition and runs[-1][1] == m.offset:
-                    runs[-1] = (m.partition, m.offset, 0, runs[-1][3] + 1)
-                else:
-                    runs.append((m.partition, m.offset, 0, 1))
-            at += n
-        return out
-
-    @staticmethod
-    def _capacity_rows(m: _Message) -> Iterator[Row]:
-        if m.rows is not None:
-            return map(row_of, m.rows)
-        n = len(m)
-
-        def col(name: str, default: Any) -> Any:
-            values = m.column(name)
-            if values is None:
-                return repeat(default, n)
-            return (default if v is None else v for v in values)
-
-        return zip(
-            m.column("ts_ms") or (),
-            m.column("e2e_ms") or (),
-            col("ttft_ms", None),
-            col("output_tokens", 0),
-            (s == "ok" for s in m.column("status") or ()),
-            col("warmup", False),
-            col("instance", ""),
-            col("host", ""),
-            col("gpu_ids", []),
-            col("expert_ids", []),
-            col("rag_top1_similarity", None),
-            col("rag_index", "default"),
-            strict=True,
+        deployments: dict[tuple[str, str], int] = {}
+        of_series = np.fromiter(
+            (deployments.setdefault((s[0], s[1]), len(deployments)) for s in series),
+            np.int64,
+            len(series),
         )
+        dep = of_series[self.gid]
+        order = np.argsort(dep, kind="stable")
+        bounds = np.searchsorted(dep[order], np.arange(len(deployments) + 1)).tolist()
+        rows = CapacityRows(
+            cols.ts[order],
+            cols.e2e[order],
+            cols.ttft[order],
+            np.maximum(cols.tokens, 0)[order],
+            cols.status[order] == STATUS_CODES["ok"],
+            cols.warmup[order],
+            self._ordered("instance", lambda ev: ev.instance, order),
+            self._ordered("host", lambda ev: ev.host, order),
+            self._ordered("gpu_ids", lambda ev: ev.gpu_ids, order),
+            self._ordered("expert_ids", lambda ev: ev.expert_ids, order),
+            None,
+            self._ordered("rag_index", lambda ev: ev.rag_index, order),
+        )
+        similarity = self._flat("rag_top1_similarity", lambda ev: ev.rag_top1_similarity)
+        if any(v is not None for v in similarity):
+            rows.similarity = np.array(similarity, dtype=np.float64)[order]
+        runs = _runs(cols.part[order], cols.offset[order], bounds)
+        return [
+            (service, model, rows[bounds[d] : bounds[d + 1]], runs[d])
+            for (service, model), d in deployments.items()
+        ]
+
+    def _ordered(self, name: str, from_row: Any, order: np.ndarray) -> list[Any] | None:
+        """A field of every request, in ``order`` (None when no request has it)."""
+        values = self._flat(name, from_row)
+        if not any(values):
+            return None
+        return [values[i] for i in order.tolist()]
+
+
+def _runs(part: np.ndarray, offset: np.ndarray, bounds: list[int]) -> list[list[Run]]:
+    """Per group ``[bounds[d], bounds[d + 1])``, its requests' input positions as runs
+    (consecutive requests of one input message)."""
+    n = len(part)
+    cut = np.zeros(n + 1, dtype=np.bool_)
+    cut[0] = cut[n] = True
+    cut[1:n] = (part[1:] != part[:-1]) | (offset[1:] != offset[:-1])
+    cut[bounds] = True
+    edges = np.flatnonzero(cut).tolist()
+    parts, offsets = part.tolist(), offset.tolist()
+    out: list[list[Run]] = [[] for _ in range(len(bounds) - 1)]
+    group = 0
+    for lo, hi in pairwise(edges):
+        while lo >= bounds[group + 1]:
+            group += 1
+        out[group].append((parts[lo], offsets[lo], 0, hi - lo))
+    return out

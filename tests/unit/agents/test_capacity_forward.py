@@ -1,67 +1,97 @@
-"""The capacity forwarder's messages: one per partition and batch, in bounded chunks,
-every row with the input position of its event."""
+"""The capacity forwarder's messages: one per partition and batch, each deployment's
+requests as columns in bounded chunks, every request with its input position."""
 
+import math
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tailguard.agents.capacity_rows import (
-    Groups,
-    chunks,
-    decode_message,
-    encode,
-    messages,
-    rows_by_deployment,
-)
-from tailguard.schemas import InferenceEvent
+from tailguard.agents.capacity_columns import CapacityRows, chunks, decode_message, messages
+from tailguard.agents.capacity_rows import Groups, encode
 
 
-def row(ts: int) -> tuple:
-    return (ts, 400.0, 180.0, 10, True, False, "i1", "h1", [0], [], None, "")
+def row(ts: int, **changes: Any) -> tuple:
+    fields = {
+        "ts": ts,
+        "e2e": 400.0,
+        "ttft": 180.0,
+        "tokens": 10,
+        "ok": True,
+        "warm": False,
+        "instance": "i1",
+        "host": "h1",
+        "gpus": [0],
+        "experts": [],
+        "sim": None,
+        "index": "default",
+    }
+    fields.update(changes)
+    return tuple(fields.values())
 
 
-def test_a_grouped_message_round_trips_with_its_input_positions() -> None:
-    groups = [("chat", "llama", [row(1), row(2)]), ("chat", "qwen", [row(3)])]
-    runs = [[(0, 17, 0, 2)], [(1, 4, 0, 1)]]
-    back = decode_message(encode(Groups(groups, runs)))
-    assert isinstance(back, Groups)
-    assert back.groups == groups and back.runs == runs
+def rows_of(*tuples: tuple) -> CapacityRows:
+    return CapacityRows.from_rows(list(tuples))
+
+
+def test_a_message_round_trips_each_deployments_columns_and_input_positions() -> None:
+    llama = [row(1), row(2, ttft=None, ok=False, warm=True, sim=0.7, index="kb", experts=[3])]
+    qwen = [row(3, instance="", host="", gpus=[], tokens=0)]
+    groups = [
+        ("chat", "llama", rows_of(*llama), [(0, 17, 0, 2)]),
+        ("chat", "qwen", rows_of(*qwen), [(1, 4, 0, 1)]),
+    ]
+    (value,) = messages(groups, max_rows=2_000, max_bytes=900_000)
+    back = decode_message(value)
+    assert [(s, m, r.as_rows(), runs) for s, m, r, runs in back] == [
+        ("chat", "llama", llama, [(0, 17, 0, 2)]),
+        ("chat", "qwen", qwen, [(1, 4, 0, 1)]),
+    ]
+    assert math.isnan(back[0][2].ttft[1]) and back[0][2].warm.tolist() == [False, True]
+
+
+def test_text_and_list_columns_no_request_has_are_left_out() -> None:
+    plain = CapacityRows(
+        np.array([1, 2]),
+        np.array([5.0, 6.0]),
+        np.array([1.0, 2.0]),
+        np.array([3, 4]),
+        np.array([True, True]),
+        np.array([False, False]),
+    )
+    (value,) = messages([("chat", "m", plain, [])], max_rows=10, max_bytes=10_000)
+    ((_, _, back, _),) = decode_message(value)
+    assert back.instance is None and back.gpu_ids is None and back.similarity is None
+    assert back.as_rows() == plain.as_rows()
 
 
 def test_messages_of_older_forwarders_still_decode() -> None:
-    # Before input positions, a grouped message had no runs; before grouping, a
-    # message held one deployment's rows (named by its key).
-    # Both were JSON.
-    grouped = decode_message(msgspec.json.encode({"groups": [("chat", "llama", [row(1)])]}))
-    assert isinstance(grouped, Groups) and grouped.runs == []
-    assert decode_message(msgspec.json.encode([row(1), row(2)])) == [row(1), row(2)]
+    # One tuple per request: MessagePack with runs; before that JSON without runs;
+    # before grouping, one deployment's tuples named by the message key.
+    runs = [[(0, 17, 0, 2)]]
+    grouped = decode_message(encode(Groups([("chat", "llama", [row(1), row(2)])], runs)))
+    assert [(s, m, r.as_rows(), p) for s, m, r, p in grouped] == [
+        ("chat", "llama", [row(1), row(2)], [(0, 17, 0, 2)])
+    ]
+    json_grouped = decode_message(msgspec.json.encode({"groups": [("chat", "llama", [row(1)])]}))
+    assert [(s, m, r.as_rows(), p) for s, m, r, p in json_grouped] == [
+        ("chat", "llama", [row(1)], [])
+    ]
+    bare = decode_message(msgspec.json.encode([row(1), row(2)]), b"chat|llama")
+    assert [(s, m, r.as_rows()) for s, m, r, _ in bare] == [("chat", "llama", [row(1), row(2)])]
     with pytest.raises(msgspec.DecodeError):
         decode_message(b"\xc1 not a message")
 
 
-def event(i: int, model: str) -> InferenceEvent:
-    fields: dict[str, Any] = {
-        "event_id": f"e{i}",
-        "ts_ms": 1_700_000_000_000 + i,
-        "service": "chat",
-        "model": model,
-        "status": "ok",
-        "e2e_ms": 400.0,
-    }
-    return InferenceEvent(**fields)
-
-
-def test_each_deployments_rows_carry_runs_of_their_input_messages() -> None:
-    # Two input messages on partition 0 and one on partition 3, deployments mixed.
-    models = ["a", "b", "a", "a", "b", "a"]
-    positions = [(0, 10), (0, 10), (0, 10), (0, 11), (0, 11), (3, 5)]
-    events = [event(i, m) for i, m in enumerate(models)]
-    by = rows_by_deployment(events, positions)
-    assert [r[0] for r in by[("chat", "a")][0]] == [events[i].ts_ms for i in (0, 2, 3, 5)]
-    assert by[("chat", "a")][1] == [(0, 10, 0, 2), (0, 11, 0, 1), (3, 5, 0, 1)]
-    assert by[("chat", "b")][1] == [(0, 10, 0, 1), (0, 11, 0, 1)]
+def test_columns_that_disagree_in_length_are_refused() -> None:
+    (value,) = messages([("chat", "m", rows_of(row(1), row(2)), [])], 10, 10_000)
+    cut = value.replace(b"\xa2h1\xa2h1", b"\xa2h1")  # one host for two requests
+    value_bad = cut.replace(b"\x92\xa2h1", b"\x91\xa2h1")
+    assert value_bad != value
+    with pytest.raises(msgspec.DecodeError):
+        decode_message(value_bad)
 
 
 @given(
@@ -79,7 +109,7 @@ def test_chunks_keep_every_row_and_its_position_in_order_within_the_bound(
             (
                 "svc",
                 f"m{i}",
-                [row(ts + j) for j in range(n)],
+                rows_of(*(row(ts + j) for j in range(n))),
                 [(i, o, 0, k) for o, k in enumerate(runs)],
             )
         )
@@ -93,27 +123,24 @@ def test_chunks_keep_every_row_and_its_position_in_order_within_the_bound(
     for c in cut:
         for _, model, r, runs in c:
             assert r and sum(k for *_, k in runs) == len(r)
-            rows.setdefault(model, []).extend(r)
+            rows.setdefault(model, []).extend(r.as_rows())
             where.setdefault(model, []).extend(
                 (p, o, first + j) for p, o, first, k in runs for j in range(k)
             )
-    assert rows == {m: r for _, m, r, _ in groups}
+    assert rows == {m: r.as_rows() for _, m, r, _ in groups}
     assert where == {
         m: [(p, o, j) for p, o, _, k in runs for j in range(k)] for _, m, _, runs in groups
     }
 
 
-def test_messages_of_long_rows_are_halved_until_they_fit_the_byte_bound() -> None:
+def test_messages_of_long_names_are_halved_until_they_fit_the_byte_bound() -> None:
     long = "x" * 5_000  # an instance name far longer than usual
-    groups = [
-        ("svc", f"m{i}", [(*row(i)[:6], long, *row(i)[7:])], [(0, i, 0, 1)]) for i in range(40)
-    ]
+    groups = [("svc", f"m{i}", rows_of(row(i, instance=long)), [(0, i, 0, 1)]) for i in range(40)]
     values = list(messages(groups, max_rows=2_000, max_bytes=50_000))
     assert len(values) > 1
     assert all(len(v) <= 50_000 for v in values)
-    decoded = [decode_message(v) for v in values]
-    back = [g for d in decoded for g in d.groups]
-    assert back == [(s, m, r) for s, m, r, _ in groups]  # every row once, in order
-    assert [run for d in decoded for runs in d.runs for run in runs] == [
-        (0, i, 0, 1) for i in range(40)
+    back = [group for v in values for group in decode_message(v)]
+    # Every request once, in order, with its input position.
+    assert [(s, m, r.as_rows(), p) for s, m, r, p in back] == [
+        (s, m, r.as_rows(), p) for s, m, r, p in groups
     ]

@@ -7,7 +7,6 @@ from typing import Any
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tailguard.agents.capacity_rows import rows_by_deployment
 from tailguard.agents.internal import _served, series_index
 from tailguard.agents.requests import RequestBatch
 from tailguard.schemas import BatchInfo, CacheInfo, InferenceEvent, Limits
@@ -45,6 +44,41 @@ def request(i: int, kind: int) -> InferenceEvent:
         batch=BatchInfo(size=2, timed_out=True) if kind == 8 else None,
         stages_ms={"queue": 5.0 + i} if kind == 8 else {},
     )
+
+
+def capacity_rows(
+    events: list[InferenceEvent], positions: list[tuple[int, int]]
+) -> dict[tuple[str, str], tuple[list[tuple[Any, ...]], list[tuple[int, int, int, int]]]]:
+    """What the capacity agent reads of each deployment's requests, from records:
+    fields with their defaults, and input positions as runs."""
+    out: dict[tuple[str, str], tuple[list[Any], list[Any]]] = {}
+    for ev, (part, offset) in zip(events, positions, strict=True):
+        rows, runs = out.setdefault((ev.service, ev.model), ([], []))
+        rows.append(
+            (
+                ev.ts_ms,
+                ev.e2e_ms,
+                ev.ttft_ms,
+                ev.output_tokens or 0,
+                ev.status == "ok",
+                ev.warmup,
+                ev.instance or "",
+                ev.host or "",
+                ev.gpu_ids,
+                ev.expert_ids,
+                ev.rag_top1_similarity,
+                ev.rag_index or "default",
+            )
+        )
+        if runs and runs[-1][:2] == (part, offset):
+            runs[-1] = (part, offset, 0, runs[-1][3] + 1)
+        else:
+            runs.append((part, offset, 0, 1))
+    return out
+
+
+def capacity_of(batch: RequestBatch) -> dict[tuple[str, str], tuple[list[Any], list[Any]]]:
+    return {(s, m): (rows.as_rows(), runs) for s, m, rows, runs in batch.capacity_groups()}
 
 
 def columns_equal(a: Columns, b: Columns) -> None:
@@ -86,7 +120,9 @@ def test_a_batch_reads_as_the_records_it_holds(plan: list[tuple[bool, list[int]]
     np.testing.assert_array_equal(batch.gid, gid)
     columns_equal(batch.columns(), Columns.from_events(events, positions))
     assert batch.served() == _served(events, gid)
-    assert batch.capacity_groups() == rows_by_deployment(events, positions)
+    assert capacity_of(batch) == capacity_rows(events, positions)
+    # Deployments in order of first request.
+    assert list(capacity_of(batch)) == list(dict.fromkeys((e.service, e.model) for e in events))
     named = batch.named_rows()
     expected = [
         i
@@ -110,7 +146,7 @@ def test_rejected_requests_of_a_columnar_message_are_left_out() -> None:
     kept = [evs[0], evs[2], evs[3]]
     columns_equal(batch.columns(), Columns.from_events(kept, [(0, 5)] * 3))
     assert batch.events([0, 1, 2]) == kept
-    assert batch.capacity_groups() == rows_by_deployment(kept, [(0, 5)] * 3)
+    assert capacity_of(batch) == capacity_rows(kept, [(0, 5)] * 3)
     assert batch.served() == _served(kept, series_index(kept)[0])
 
 

@@ -5,7 +5,6 @@ import time
 
 import numpy as np
 from tailguard.agents.capacity import CapacityTuning
-from tailguard.agents.capacity_rows import row_of
 from tailguard.schemas import decode
 
 from tailguard.simulator import capacity as cap
@@ -22,9 +21,9 @@ def test_scenarios_are_valid_inference_events_and_deterministic() -> None:
         assert decoded.rejects == [], model
         assert len(decoded.valid) == len(events)
     rag = decode(json.dumps(a["rag"][:1]).encode(), "inference", now_ms=now).valid[0]
-    assert rag.rag_index == "kb" and row_of(rag)[-1] == "kb"
+    assert rag.rag_index == "kb" and rag.rag_top1_similarity is not None
     plain = decode(json.dumps(a["moe"][:1]).encode(), "inference", now_ms=now).valid[0]
-    assert plain.rag_index == "default" and row_of(plain)[9] == [0]
+    assert plain.rag_index == "default" and plain.expert_ids == [0]
 
 
 def test_ramp_crosses_the_knee_and_comes_back_down() -> None:

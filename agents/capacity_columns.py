@@ -97,9 +97,16 @@ class CapacityRows:
         )
 
     def take(self, ranges: list[tuple[int, int]]) -> "CapacityRows":
-        """The requests of the ``[lo, hi)`` ranges, in order."""
-        if ranges == [(0, len(self))]:
+        """The requests of the ``[lo, hi)`` ranges (ascending), in order."""
+        joined: list[tuple[int, int]] = []
+        for lo, hi in ranges:
+            if joined and joined[-1][1] == lo:
+                joined[-1] = (joined[-1][0], hi)
+            elif lo < hi:
+                joined.append((lo, hi))
+        if joined == [(0, len(self))]:
             return self
+        ranges = joined
         parts = [self[lo:hi] for lo, hi in ranges] or [self[0:0]]
 
         def join(name: str) -> Any:

@@ -144,3 +144,11 @@ def test_messages_of_long_names_are_halved_until_they_fit_the_byte_bound() -> No
     assert [(s, m, r.as_rows(), p) for s, m, r, p in back] == [
         (s, m, r.as_rows(), p) for s, m, r, p in groups
     ]
+
+
+def test_taking_ranges_keeps_the_requests_in_them_in_order() -> None:
+    rows = rows_of(*(row(ts, tokens=ts % 7) for ts in range(10)))
+    assert rows.take([(0, 3), (3, 10)]) is rows  # adjacent ranges: all of it, no copy
+    taken = rows.take([(1, 3), (3, 4), (6, 6), (8, 10)])
+    assert taken.as_rows() == [row(ts, tokens=ts % 7) for ts in (1, 2, 3, 8, 9)]
+    assert len(rows.take([])) == 0

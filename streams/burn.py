@@ -76,9 +76,11 @@ did". It is exact when a window of the full period is passed in, and goes
 negative when the budget is overspent.
 """
 
+import functools
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Literal
 
 from tailguard.streams.bucket import Counters
@@ -277,16 +279,22 @@ class BurnPolicy:
         window_ms(self.budget_window)
 
     @property
-    def windows(self) -> dict[str, int]:
+    def windows(self) -> Mapping[str, int]:
         """Every window the rules and the budget read, name → ms, shortest first."""
-        names = {self.budget_window}
-        for rule in self.rules:
-            names.update((rule.long, rule.short))
-        return {n: window_ms(n) for n in sorted(names, key=window_ms)}
+        return _policy_windows(self.rules, self.budget_window)
 
     def threshold(self, rule: BurnRule, spec: SloSpec) -> float:
         """The rule's rate for ``spec``'s period: ``rate · P_spec / P_policy``."""
         return rule.rate * spec.window_ms / self.period_ms
+
+
+@functools.lru_cache(maxsize=64)
+def _policy_windows(rules: tuple[BurnRule, ...], budget_window: str) -> Mapping[str, int]:
+    """:attr:`BurnPolicy.windows`, worked out once per policy (read at every close)."""
+    names = {budget_window}
+    for rule in rules:
+        names.update((rule.long, rule.short))
+    return MappingProxyType({n: window_ms(n) for n in sorted(names, key=window_ms)})
 
 
 # ------------------------------------------------------------------ evaluation

@@ -305,7 +305,6 @@ def advance_silent(
     new = replace_state(state, last_at_ms=end_ms)
     drop = base.attainment - short.attainment
     severity = "page" if drop >= policy.page_drop else "ticket"
-    sli = _sli(short, base)
 
     def transition(
         bid: str,
@@ -323,7 +322,7 @@ def advance_silent(
             end_ms,
             opened,
             resolved,
-            sli,
+            _sli(short, base),
             tuple(base.factor_rates),
             dict(base.stage_p99_ms),
         )

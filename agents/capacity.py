@@ -129,6 +129,9 @@ class CapacityStats:
     #: Rows whose input position a deployment had applied (forwarded again after a crash).
     replayed_rows: int = 0
     corrupt_states: int = 0
+    #: A deployment's rows of one message that raised while applied (a bug: logged,
+    #: skipped, so that one message cannot stop the agent for every deployment).
+    failed_groups: int = 0
 
 
 @dataclass(slots=True)
@@ -393,7 +396,18 @@ def register_capacity(
                 fresh = rows.take(unapplied(dep.core.applied, runs, len(rows)))
                 cstats.replayed_rows += len(rows) - len(fresh)
                 cstats.rows += len(fresh)
-                absorb(dep, fresh)
+                try:
+                    absorb(dep, fresh)
+                except Exception as exc:  # a poison message must not stop every deployment
+                    cstats.failed_groups += 1
+                    app.log.error(
+                        "tailguard: capacity rows of %s|%s not applied (offset %d): %s: %s",
+                        service,
+                        model,
+                        offset,
+                        type(exc).__name__,
+                        exc,
+                    )
                 applied.append(dep)
             # Records out before the state that produced them is written (a crash
             # re-sends a record with the same event_id; it never loses one).

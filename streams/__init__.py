@@ -1,6 +1,7 @@
 """Pure computation over event streams: never imports faust, Kafka clients or schemas."""
 
-from tailguard.streams.bucket import METRICS, Bucket, Counters
+from tailguard.streams.bucket import METRICS, Bucket
+from tailguard.streams.counters import Counters
 from tailguard.streams.errors import ConfigError, CorruptStateError, StreamsError
 from tailguard.streams.sli import LatencyEvent, Thresholds
 from tailguard.streams.summary import PERCENTILES, WindowSummary, summarize, summarize_many

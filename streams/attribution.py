@@ -1,7 +1,7 @@
 """Why requests are slow: per-request cause flags, stages, and their ranking during a breach.
 
 Every request carries, besides its latencies, what the serving stack did to
-it (SPEC §1 ``cache``, ``batch``, ``flow_control``, ``stages_ms``). Three of
+it (the event's ``cache``, ``batch``, ``flow_control``, ``stages_ms``). Three of
 those are *causes* in the article's chain of a silent SLO collapse, each a
 yes/no flag per request::
 
@@ -130,7 +130,7 @@ def rank_causes(
 ) -> list[Cause]:
     """Causes of the violating requests in a window's ``counters``, most explaining first.
 
-    ``counters`` is a :class:`~tailguard.streams.bucket.Counters` (merged over
+    ``counters`` is a :class:`~tailguard.streams.counters.Counters` (merged over
     the window); ``baseline_rates`` the normal rate of each factor (same
     order as :data:`FACTORS`), if known. Causes covering less than
     ``min_share`` of the bad requests are left out.

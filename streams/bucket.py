@@ -19,116 +19,39 @@ from typing import Any
 import msgspec
 import numpy as np
 from tailguard.streams.attribution import FACTORS, MAX_STAGES, STAGE_PREFIX
-from tailguard.streams.columns import ERROR_CODES, Columns, event_hash
+from tailguard.streams.columns import ERROR_CODES, Columns
+from tailguard.streams.counters import Counters
 from tailguard.streams.digest import DEFAULT_MAX_CENTROIDS, EXACT_LIMIT, Sketch
 from tailguard.streams.errors import CorruptStateError
+from tailguard.streams.prompt_tally import (
+    MAX_PROMPTS,
+    OTHER_PROMPT,
+    PROMPT_EXEMPLARS,
+    PromptTally,
+    prompt_rows,
+)
 from tailguard.streams.sli import Thresholds
 
 __all__ = [
+    "EXEMPLARS",
     "METRICS",
     "Bucket",
-    "Counters",
-    "PromptTally",
     "add_stage",
-    "event_hash",
-    "prompt_rows",
     "stage_order",
-    "top_candidates",
+    "sum_counters",
 ]
 
 #: The latency metrics every bucket keeps a digest of.
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 #: How many slow-request exemplars (trace ids) a bucket keeps.
 EXEMPLARS = 5
-#: Exemplar traces (slowest bad requests) a bucket keeps per prompt version.
-PROMPT_EXEMPLARS = 3
-#: Distinct prompt versions a bucket names; requests of further versions are
-#: counted under OTHER_PROMPT (which versions those are then depends on the
-#: order they came in — the only order dependence of a bucket, and only past
-#: this many versions of one series in one minute).
-MAX_PROMPTS = 64
-OTHER_PROMPT = "~other"
 _ERROR_LO, _ERROR_HI = min(ERROR_CODES), max(ERROR_CODES)
 _EMPTY = np.empty(0, dtype=np.float64)
-
-
-_FACTOR_FIELDS = [
-    (f"f{i}_n", f"f{i}_bad", f"f{i}_ttft_n", f"f{i}_ttft_us") for i in range(len(FACTORS))
-]
 
 
 def stage_order(names: list[str]) -> list[int]:
     """Column indexes of ``names`` in name order (the order stages join a bucket)."""
     return sorted(range(len(names)), key=names.__getitem__)
-
-
-def top_candidates(groups: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
-    """Mask of the rows that can be among the ``k`` largest ``values`` of their group.
-
-    Ties with the k-th value are all kept, so choosing the final ``k`` from the
-    candidates by ``(value, name)`` gives the same answer whatever the input order.
-    """
-    order = np.lexsort((-values, groups))
-    g, v = groups[order], values[order]
-    start = np.r_[0, np.flatnonzero(g[1:] != g[:-1]) + 1]
-    sizes = np.diff(np.r_[start, g.size])
-    kth = v[np.minimum(start + k - 1, start + sizes - 1)]
-    out = np.zeros(groups.size, dtype=np.bool_)
-    out[order[v >= np.repeat(kth, sizes)]] = True
-    return out
-
-
-@dataclass(slots=True)
-class PromptTally:
-    """Requests of one prompt version in a bucket: how many, how many bad, the slowest bad.
-
-    *Bad* is an error or an ok request violating a latency SLO (the requests
-    a breach is about); ``exemplars`` are ``(e2e_ms, trace_id)`` of the
-    slowest bad requests that had a trace, slowest first.
-    """
-
-    requests: int = 0
-    bad: int = 0
-    exemplars: list[tuple[float, str]] = field(default_factory=list)
-
-
-def prompt_rows(
-    cols: Columns, rows: np.ndarray, groups: np.ndarray, bad: np.ndarray
-) -> dict[int, list[tuple[str, int, int, list[tuple[float, str]]]]]:
-    """Per group (a bucket): ``(prompt version, requests, bad, exemplar candidates)``.
-
-    ``rows`` are the (non-warm-up) requests, ``groups`` their group and ``bad``
-    a mask over them. Versions come in name order, so adding them to a bucket
-    does not depend on the input order (see :data:`MAX_PROMPTS`).
-    """
-    prompt = cols.prompt[rows]
-    named = prompt >= 0
-    if not named.any():
-        return {}
-    size = len(cols.prompt_names)
-    key = groups.astype(np.int64) * size + prompt
-    keys, inverse = np.unique(key[named], return_inverse=True)
-    n = np.bincount(inverse, minlength=keys.size)
-    n_bad = np.bincount(inverse[bad[named]], minlength=keys.size)
-    found: dict[int, list[tuple[float, str]]] = {}
-    traced = named & bad & cols.has_trace[rows]
-    if traced.any():
-        t_key, t_rows = key[traced], rows[traced]
-        t_e2e = cols.e2e[t_rows]
-        keep = top_candidates(t_key, t_e2e, PROMPT_EXEMPLARS)
-        traces = cols.traces
-        for k, e, r in zip(
-            t_key[keep].tolist(), t_e2e[keep].tolist(), t_rows[keep].tolist(), strict=True
-        ):
-            found.setdefault(k, []).append((e, traces[r]))
-    names = cols.prompt_names
-    out: dict[int, list[tuple[str, int, int, list[tuple[float, str]]]]] = {}
-    for k, count, count_bad in zip(keys.tolist(), n.tolist(), n_bad.tolist(), strict=True):
-        g, p = divmod(k, size)
-        out.setdefault(g, []).append((names[p], count, count_bad, found.get(k, [])))
-    for versions in out.values():
-        versions.sort(key=lambda row: row[0])
-    return out
 
 
 def _tally_prompts(bucket: "Bucket", cols: Columns, rows: np.ndarray, bad: np.ndarray) -> None:
@@ -147,143 +70,6 @@ def add_stage(bucket: "Bucket", name: str, values: np.ndarray, max_centroids: in
             return
         sketch = bucket.digests[name] = Sketch(max_centroids)
     sketch.add(values)
-
-
-@dataclass(slots=True)
-class Counters:
-    """Exact per-bucket counts. ``requests`` excludes warm-up requests.
-
-    Besides the SLI counts: ``ttft_sum_us`` (TTFT sum, integer µs, so sums
-    are exact under any merge order) and, per cause flag ``i`` of
-    :data:`~tailguard.streams.attribution.FACTORS` over the ok requests,
-    ``fi_n`` (with the flag), ``fi_bad`` (with it and violating a latency
-    SLO), ``fi_ttft_n``/``fi_ttft_us`` (their TTFT count and sum). New
-    fields go at the end: state written before they existed restores with 0.
-    """
-
-    requests: int = 0
-    errors: int = 0
-    cancelled: int = 0
-    warmup: int = 0
-    ttft_total: int = 0
-    ttft_good: int = 0
-    itl_total: int = 0
-    itl_good: int = 0
-    e2e_total: int = 0
-    e2e_good: int = 0
-    good_requests: int = 0
-    ttft_sum_us: int = 0
-    f0_n: int = 0
-    f0_bad: int = 0
-    f0_ttft_n: int = 0
-    f0_ttft_us: int = 0
-    f1_n: int = 0
-    f1_bad: int = 0
-    f1_ttft_n: int = 0
-    f1_ttft_us: int = 0
-    f2_n: int = 0
-    f2_bad: int = 0
-    f2_ttft_n: int = 0
-    f2_ttft_us: int = 0
-
-    def add(self, other: "Counters") -> None:
-        # Unrolled: this runs for every bucket of every window merge.
-        self.requests += other.requests
-        self.errors += other.errors
-        self.cancelled += other.cancelled
-        self.warmup += other.warmup
-        self.ttft_total += other.ttft_total
-        self.ttft_good += other.ttft_good
-        self.itl_total += other.itl_total
-        self.itl_good += other.itl_good
-        self.e2e_total += other.e2e_total
-        self.e2e_good += other.e2e_good
-        self.good_requests += other.good_requests
-        self.ttft_sum_us += other.ttft_sum_us
-        self.f0_n += other.f0_n
-        self.f0_bad += other.f0_bad
-        self.f0_ttft_n += other.f0_ttft_n
-        self.f0_ttft_us += other.f0_ttft_us
-        self.f1_n += other.f1_n
-        self.f1_bad += other.f1_bad
-        self.f1_ttft_n += other.f1_ttft_n
-        self.f1_ttft_us += other.f1_ttft_us
-        self.f2_n += other.f2_n
-        self.f2_bad += other.f2_bad
-        self.f2_ttft_n += other.f2_ttft_n
-        self.f2_ttft_us += other.f2_ttft_us
-
-    def add_list(self, values: list[int]) -> None:
-        """Add counts given in field order (see :meth:`as_list`)."""
-        (
-            v0,
-            v1,
-            v2,
-            v3,
-            v4,
-            v5,
-            v6,
-            v7,
-            v8,
-            v9,
-            v10,
-            v11,
-            v12,
-            v13,
-            v14,
-            v15,
-            v16,
-            v17,
-            v18,
-            v19,
-            v20,
-            v21,
-            v22,
-            v23,
-        ) = values
-        self.requests += v0
-        self.errors += v1
-        self.cancelled += v2
-        self.warmup += v3
-        self.ttft_total += v4
-        self.ttft_good += v5
-        self.itl_total += v6
-        self.itl_good += v7
-        self.e2e_total += v8
-        self.e2e_good += v9
-        self.good_requests += v10
-        self.ttft_sum_us += v11
-        self.f0_n += v12
-        self.f0_bad += v13
-        self.f0_ttft_n += v14
-        self.f0_ttft_us += v15
-        self.f1_n += v16
-        self.f1_bad += v17
-        self.f1_ttft_n += v18
-        self.f1_ttft_us += v19
-        self.f2_n += v20
-        self.f2_bad += v21
-        self.f2_ttft_n += v22
-        self.f2_ttft_us += v23
-
-    def as_list(self) -> list[int]:
-        return [getattr(self, name) for name in self.__slots__]
-
-    @classmethod
-    def from_list(cls, values: list[int]) -> "Counters":
-        return cls(*values)
-
-    def add_factor(self, i: int, n: int, bad: int, ttft_n: int, ttft_us: int) -> None:
-        """Add counts of cause flag ``i`` (see :meth:`factor_row`)."""
-        names = _FACTOR_FIELDS[i]
-        values = (n, bad, ttft_n, ttft_us)
-        for name, value in zip(names, values, strict=True):
-            setattr(self, name, getattr(self, name) + value)
-
-    def factor_row(self, i: int) -> tuple[int, int, int, int]:
-        """``(n, bad, ttft_n, ttft_us)`` of cause flag ``i``."""
-        n, bad, ttft_n, ttft_us = (getattr(self, name) for name in _FACTOR_FIELDS[i])
-        return n, bad, ttft_n, ttft_us
 
 
 def sum_counters(parts: Sequence["Bucket"]) -> Counters:

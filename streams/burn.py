@@ -45,7 +45,7 @@ whose rates exceed but whose traffic does not is reported as ``gated``. The
 gate counts requests, never ITL gaps, so one stalled stream of fifty slow
 gaps cannot open it alone.
 
-SLIs (``SloSpec.sli``) and the :class:`~tailguard.streams.bucket.Counters`
+SLIs (``SloSpec.sli``) and the :class:`~tailguard.streams.counters.Counters`
 fields they read (counted at ingest against the series' ``Thresholds``, so
 an SLO's thresholds must be the series' thresholds: see :func:`thresholds_for`)::
 
@@ -83,7 +83,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from tailguard.streams.bucket import Counters
+from tailguard.streams.counters import Counters
 from tailguard.streams.errors import ConfigError
 from tailguard.streams.ring import SeriesRing
 from tailguard.streams.selector import Selector

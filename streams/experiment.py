@@ -1,4 +1,4 @@
-"""The A/B and gray-release guard: per-arm state, evaluations and decisions (SPEC §3 item 6).
+"""The A/B and gray-release guard: per-arm state, evaluations and decisions (docs/experiments.md).
 
 One :class:`ExperimentState` per experiment, folded from three inputs and
 judged at event-time boundaries::
@@ -66,7 +66,6 @@ from typing import Any, Literal, Protocol
 import msgspec
 import numpy as np
 from tailguard.streams.attribution import FACTORS, factor_flags
-from tailguard.streams.bucket import OTHER_PROMPT, PromptTally
 from tailguard.streams.columns import event_hashes
 from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.experiment_def import ExperimentDef, Guardrail, metric_kind
@@ -81,6 +80,7 @@ from tailguard.streams.permutation import (
     stratified_permutation_test,
 )
 from tailguard.streams.prompt_evidence import rank_prompts
+from tailguard.streams.prompt_tally import OTHER_PROMPT, PromptTally
 from tailguard.streams.sequential import (
     SrmResult,
     bernoulli_cs,
@@ -537,7 +537,7 @@ MAX_RATERS = 4096
 UNKNOWN_STRATUM = "unknown"
 #: Slowest bad requests (with a trace id) kept per arm and prompt version.
 PROMPT_EXEMPLARS = 3
-#: TTFT (ms) over which an ok request is bad when the caller names no limit (SPEC §2).
+#: TTFT (ms) over which an ok request is bad when the caller names no limit (default TTFT SLO).
 DEFAULT_BAD_TTFT_MS = Thresholds().ttft_ms
 
 

@@ -19,15 +19,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 from tailguard.streams.attribution import FACTORS, STAGE_PREFIX
-from tailguard.streams.bucket import (
-    EXEMPLARS,
-    Bucket,
-    add_stage,
-    prompt_rows,
-    stage_order,
-)
+from tailguard.streams.bucket import EXEMPLARS, Bucket, add_stage, stage_order
 from tailguard.streams.columns import ERROR_CODES, Columns
 from tailguard.streams.digest import Sketch
+from tailguard.streams.prompt_tally import prompt_rows
 from tailguard.streams.replay import add_replay
 from tailguard.streams.ring import SeriesRing, met_watermark
 from tailguard.streams.window_config import FINE, AddResult

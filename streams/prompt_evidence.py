@@ -3,7 +3,7 @@
 Chapter 4 of the article: most LLM releases are prompt changes, so a breach or
 a release decision must say *which prompts* its bad requests used, and give
 trace ids to open. Buckets count requests per ``prompt_version``
-(:class:`~tailguard.streams.bucket.PromptTally`: requests, bad requests, the
+(:class:`~tailguard.streams.prompt_tally.PromptTally`: requests, bad requests, the
 slowest bad ones that had a trace); this module ranks them::
 
     window bucket ── prompts {version: (requests, bad, exemplars)}

@@ -111,6 +111,11 @@ def fit_beta(xs: list[float], *, max_iter: int = 100, tol: float = 1e-10) -> Bet
         tab = trigamma(a + b)
         j11, j12, j22 = trigamma(a) - tab, -tab, trigamma(b) - tab
         det = j11 * j22 - j12 * j12
+        if not det or not math.isfinite(det):
+            # Values all (nearly) equal: the likelihood keeps growing with α and β
+            # until the curvature underflows. What was reached is as sharp a fit
+            # as floats tell apart.
+            break
         da = (f1 * j22 - f2 * j12) / det
         db = (j11 * f2 - j12 * f1) / det
         # Damp steps that would leave the domain.

@@ -43,8 +43,9 @@ from typing import Self
 
 import msgspec
 import numpy as np
-from tailguard.streams.bucket import Bucket, Counters, sum_counters
+from tailguard.streams.bucket import Bucket, sum_counters
 from tailguard.streams.columns import Columns
+from tailguard.streams.counters import Counters
 from tailguard.streams.digest import READ_EXACT_LIMIT
 from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.sli import Thresholds

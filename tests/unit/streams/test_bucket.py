@@ -9,15 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tailguard.streams import PERCENTILES, CorruptStateError, Thresholds
-from tailguard.streams.bucket import (
-    EXEMPLARS,
-    METRICS,
-    Bucket,
-    Counters,
-    event_hash,
-    sum_counters,
-)
-from tailguard.streams.columns import Columns, event_hashes
+from tailguard.streams.bucket import EXEMPLARS, METRICS, Bucket, sum_counters
+from tailguard.streams.columns import Columns, event_hash, event_hashes
+from tailguard.streams.counters import Counters
 from tailguard.streams.digest import DEFAULT_MAX_CENTROIDS, Sketch
 
 MC = DEFAULT_MAX_CENTROIDS

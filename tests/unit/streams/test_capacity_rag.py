@@ -124,3 +124,13 @@ def test_a_move_against_the_last_direction_needs_the_wider_band(
         assert change["band"] == pytest.approx(3 * se, abs=1e-5) and tracker.direction == 1
     else:
         assert tracker.published == before and tracker.direction == direction
+
+
+def test_an_index_that_returns_one_similarity_gets_it_as_its_threshold() -> None:
+    # All values equal: the Beta likelihood grows without bound with α and β
+    # (the fit used to divide by a curvature that underflowed to zero).
+    tracker = RagThreshold(RagConfig(window=50, min_samples=20))
+    changes = [c for c in (tracker.add(0.8) for _ in range(200)) if c is not None]
+    assert changes and changes[0]["threshold"] == pytest.approx(0.8, abs=1e-4)
+    fit = fit_beta([0.5] * 10)
+    assert fit.mean == pytest.approx(0.5) and fit.alpha > 1e6

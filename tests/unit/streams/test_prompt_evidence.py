@@ -5,9 +5,10 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
-from tailguard.streams.bucket import MAX_PROMPTS, OTHER_PROMPT, Bucket
+from tailguard.streams.bucket import Bucket
 from tailguard.streams.columns import Columns
 from tailguard.streams.prompt_evidence import rank_prompts
+from tailguard.streams.prompt_tally import MAX_PROMPTS, OTHER_PROMPT
 from tailguard.streams.sli import Thresholds
 
 T0 = 1_700_000_000_000

@@ -297,7 +297,7 @@ class DrainingProducer(faust_aiokafka.Producer):
 
 class PlainTable(faust.Table):
     """faust's Table without its key-expiry task (``_clean_data``), which only windowed
-    tables with ``expires`` use; tailguard's windows are explicit buckets (SPEC.md §7).
+    tables with ``expires`` use; tailguard's windows are explicit event-time buckets.
 
     After heavy use, SIGTERM left that task pending and never stepped, and the
     table's stop waited for it without a time-out: the worker never stopped.

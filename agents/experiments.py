@@ -1,4 +1,4 @@
-"""Experiment agents: the A/B and gray-release guard on the broker (SPEC §3 item 6).
+"""Experiment agents: the A/B and gray-release guard on the broker (docs/experiments.md).
 
 ::
 
@@ -291,7 +291,7 @@ def release_payload(
     with_p_values: bool = True,
     group_of: Callable[[str], str | None] | None = None,
 ) -> dict[str, Any]:
-    """The ``tailguard.release.v1`` event of one decision (SPEC §1).
+    """The ``tailguard.release.v1`` event of one decision.
 
     ``ts_ms`` is the decision's event time (the evaluation boundary), so a
     replay publishes identical bytes. ``evidence.metrics`` has, per guardrail,
@@ -389,7 +389,7 @@ ResultSink = Callable[[ControlResult], Awaitable[None]]
 
 
 class ExperimentsAPI:
-    """What the admin plane calls for operator commands on experiments (SPEC §4).
+    """What the admin plane calls for operator commands on experiments (docs/experiments.md).
 
     Every method validates at once — an invalid definition raises
     :class:`~tailguard.streams.errors.ConfigError` with a message naming the

@@ -20,7 +20,7 @@ close to the detector, and no worker reads back its own snapshots.
 Why an internal topic and not a table: a faust table write lands in the
 partition of the *current event*, so a table cannot move data between keys
 of different partitions; and writing tables inside ``stream.take()`` is
-broken (faust-streaming#497, SPEC §7), so every agent here iterates
+broken (faust-streaming#497), so every agent here iterates
 ``stream.events()`` one message at a time.
 
 State, all in RocksDB tables changelogged per partition of the internal topic:

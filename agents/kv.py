@@ -7,7 +7,7 @@
                 rejects ───┴─▶ tailguard.deadletter └─ closed minutes ──▶
                                               tailguard.internal.interference (every partition)
 
-The input is keyed by instance (SPEC §1), so one partition, and therefore one
+The input is keyed by instance, so one partition, and therefore one
 table partition, owns each instance. Per message, every instance's state is
 loaded once, all its snapshots are applied in event-time order
 (:class:`~tailguard.streams.kv.KvState`: exact figures, idempotent for

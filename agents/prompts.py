@@ -39,7 +39,8 @@ a deployment. The agent resolves each row's group *when it folds it*: a
 version the registry does not know (yet) counts as its own group
 ``pg-<version>``. State per (service, model, group) is a
 :class:`~tailguard.streams.prompt_sli.GroupSli` in the RocksDB table
-``tailguard-prompt-sli``, written once per input message and key (SPEC §7).
+``tailguard-prompt-sli``, written once per input message and key (every table
+write is a changelog record).
 A window's final snapshot is published when event time closes it, before its
 state is written (a crash re-publishes it, with the same ``event_id``, never
 loses it); provisional snapshots of the open windows of the groups that

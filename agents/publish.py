@@ -1,4 +1,4 @@
-"""Output framing: JSON payloads with CloudEvents binary-mode headers (SPEC.md §1)."""
+"""Output framing: JSON payloads with CloudEvents binary-mode headers."""
 
 from typing import Any
 

@@ -26,7 +26,7 @@ _INT_ENV = {
 class Settings:
     """Everything a worker needs to know.
 
-    RocksDB is sized for the 2-core, 24 GiB build machines (SPEC.md §7): faust's
+    RocksDB is sized for the 2-core, 24 GiB build machines: faust's
     default of a 2 GiB block cache *per partition and table* would ask for far
     more memory than exists, so each partition store gets ``rocksdb_cache_mib``.
     """
@@ -75,7 +75,7 @@ class Settings:
     #: (bounded cardinality, :mod:`tailguard.agents.telemetry`).
     metrics_max_series: int = 100
     attach_digests: bool = False
-    #: OpenSLO v1 YAML with the SLOs to hold series to (default: SPEC.md §2 defaults).
+    #: OpenSLO v1 YAML with the SLOs to hold series to (default: ``schemas/slos/defaults.yaml``).
     slo_file: Path | None = None
     #: Admin keys file (YAML/JSON: key_id → role, secret or secret_env); without
     #: one every admin command is refused (:mod:`tailguard.admin.keys`).

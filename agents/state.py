@@ -8,7 +8,7 @@ Layout (both tables are co-partitioned with ``tailguard.internal.series``)::
 
 A batch rewrites only the buckets it touched plus the small meta value, so the
 changelog carries a few KB per forwarded batch instead of a series' whole 3-day
-history (SPEC.md §7: every table write is a changelog record).
+history (every table write is a changelog record).
 
 The cache holds live :class:`SeriesWindows` objects of the partitions this
 worker owns; it is filled lazily from the tables (which faust restored from the

@@ -21,7 +21,8 @@ class Tables:
 
 def declare_tables(app: faust.App, settings: Settings) -> Tables:
     """Plain (non-windowed) tables: event-time windows are explicit buckets in
-    ``tailguard.streams``, avoiding faust's wall-clock windowed tables (SPEC.md §7)."""
+    ``tailguard.streams``, avoiding faust's windowed tables, which expire on wall-clock
+    time, not event time."""
 
     def table(name: str, help_: str) -> Any:
         return app.Table(

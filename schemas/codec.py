@@ -1,4 +1,4 @@
-"""Decode Kafka message values into records, and sort out bad input (SPEC §1, §6).
+"""Decode Kafka message values into records, and sort out bad input.
 
 A message value is one JSON object or a JSON array of objects (a batch).
 :func:`decode` never raises for bad input: it returns the events that passed
@@ -102,7 +102,7 @@ MAX_DEPTH_LIMIT: Final = 256
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What a message may be before it is bad input (SPEC §6 "absurd values").
+    """What a message may be before it is bad input.
 
     - ``max_message_bytes``: message value size (1 MiB, Kafka's usual
       ``message.max.bytes``);

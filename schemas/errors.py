@@ -8,8 +8,8 @@ Two different things live here:
   an output record handed to ``encode``. Bad *input* never raises.
 - :class:`DeadLetterReason` is what bad input gets instead of an exception:
   :func:`~tailguard.schemas.codec.decode` returns a ``Reject`` carrying one of
-  these, and the worker turns it into a ``tailguard.deadletter.v1`` record
-  (SPEC §6). The values are part of the wire contract (they appear in
+  these, and the worker turns it into a ``tailguard.deadletter.v1`` record.
+  The values are part of the wire contract (they appear in
   dead-letter records and metric labels): add members, never rename them.
 
 ::

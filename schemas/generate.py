@@ -1,7 +1,7 @@
 """Write the JSON Schema file of every record: ``python -m tailguard.schemas.generate``.
 
 Producers that are not written in Python validate what they send against
-these files (SPEC §1), so they are generated from the Structs in
+these files, so they are generated from the Structs in
 :mod:`tailguard.schemas.records` and shipped as package data in
 ``jsonschema/<schema id>.json``. A unit test regenerates them and compares, so
 the files cannot drift from the code. Output is deterministic: sorted keys,

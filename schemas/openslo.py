@@ -618,5 +618,6 @@ def bundled_slos(name: str) -> tuple[SloSpec, ...]:
 
 
 def default_slos() -> tuple[SloSpec, ...]:
-    """SPEC §2: TTFT 99 % ≤ 800 ms, ITL 99 % ≤ 120 ms, composite ≥ 0.99, success ≥ 99.2 %."""
+    """The default SLOs: TTFT 99 % ≤ 800 ms, ITL 99 % ≤ 120 ms, composite ≥ 0.99,
+    success ≥ 99.2 %."""
     return bundled_slos("defaults.yaml")

@@ -1,11 +1,11 @@
-"""The wire records of SPEC §1 as ``msgspec.Struct`` types.
+"""The wire records of tailguard's topics as ``msgspec.Struct`` types.
 
 One Struct per schema id. The Structs *are* the contract: the JSON Schema
 files in ``jsonschema/`` are generated from them (``python -m
 tailguard.schemas.generate``), and :mod:`tailguard.schemas.codec` decodes
 Kafka message values straight into them.
 
-Conventions (SPEC §1):
+Conventions:
 
 - durations are float milliseconds with a ``_ms`` suffix and are never
   negative (``DurationMs``); timestamps are integer Unix epoch milliseconds
@@ -69,7 +69,7 @@ __all__ = [
 #: Largest integer that every JSON reader holds exactly (2**53 - 1).
 MAX_SAFE_INT: Final = 2**53 - 1
 
-#: Topic kind → schema id, for every schema id of SPEC §1 (inputs and outputs).
+#: Topic kind → schema id, for every schema id (inputs and outputs).
 SCHEMA_IDS: Final[dict[str, str]] = {
     "inference": "tailguard.inference.v1",
     "interaction": "tailguard.interaction.v1",
@@ -307,7 +307,7 @@ class EvalScore(_Input, kw_only=True):
 
 
 class AdminCommand(_Input, kw_only=True):
-    """A signed operator command (SPEC §4).
+    """A signed operator command.
 
     ``signature`` is the hex HMAC-SHA256 over the canonical JSON of the
     command without ``signature``, keyed by the secret of ``key_id``. It is
@@ -423,7 +423,7 @@ class SliSnapshot(_Output, kw_only=True):
 
 
 class DeadLetter(_Output, kw_only=True):
-    """Bad input with its origin and the reason it was refused (SPEC §6).
+    """Bad input with its origin and the reason it was refused.
 
     ``original_b64`` holds the offending bytes: the single bad element when the
     message was a batch (``index`` is its position in it), else the whole
@@ -471,7 +471,7 @@ class Origin(_Output, kw_only=True):
 
 
 class AdminReply(_Output, kw_only=True):
-    """The one reply to an admin command (SPEC §4), keyed by ``command_id``.
+    """The one reply to an admin command, keyed by ``command_id``.
 
     ``command_id`` (and ``action``, ``actor``, ``key_id``) is null when the
     message was not a readable command; ``origin`` then says which message it was.

@@ -1,4 +1,4 @@
-"""``tailguard.release.v1``: a gray-release / A/B decision (SPEC §1), as a msgspec Struct.
+"""``tailguard.release.v1``: a gray-release / A/B decision, as a msgspec Struct.
 
 Produced by :mod:`tailguard.agents.experiments`; a subscriber (a traffic router,
 the gateway) can decode a record with

@@ -1,4 +1,4 @@
-"""Signing of admin commands (SPEC §4): canonical JSON and HMAC-SHA256.
+"""Signing of admin commands (docs/admin.md): canonical JSON and HMAC-SHA256.
 
 A ``tailguard.admin.v1`` command carries ``signature``: the lower-case hex
 HMAC-SHA256, keyed by the UTF-8 bytes of the secret of ``key_id``, of the
@@ -8,7 +8,7 @@ Canonical JSON is RFC 8785, the JSON Canonicalization Scheme (JCS), through
 the ``rfc8785`` package (Trail of Bits): object members sorted by key, no
 whitespace, UTF-8 without escapes for non-ASCII characters, numbers written as
 ECMAScript writes them (``1.0`` → ``1``, ``1e-7`` → ``1e-7``). Sorted keys and
-no whitespace are what SPEC §4 asks; JCS pins down the rest — number format
+no whitespace are what the command format asks; JCS pins down the rest — number format
 and string escaping — so that a signer in any language with a JCS library
 (Go, Java, JavaScript, Rust all have one) produces the same bytes. Integers
 outside ±(2**53 − 1) and non-finite numbers have no canonical form and make a

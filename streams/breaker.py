@@ -1,4 +1,4 @@
-"""MoE expert circuit breaker (SPEC.md §3 item 7).
+"""MoE expert circuit breaker (docs/capacity.md).
 
 One breaker per expert id, fed by every request whose ``expert_ids`` name it::
 

@@ -8,7 +8,7 @@ Load per interval (event time, so a replay gives the same decisions)::
     P95          = 95th percentile of e2e_ms of the requests that arrived
     tokens/s     = Σ output_tokens / (L / 1000)
 
-Scaling decision tree (SPEC.md §3 item 7), evaluated once per closed interval::
+Scaling decision tree (docs/capacity.md), evaluated once per closed interval::
 
     no knee yet ........................................ hold (no_knee)
     concurrency ≥ up_factor·knee for up_intervals in a row
@@ -51,7 +51,7 @@ Each decision's evidence carries ``capacity_factor`` = concurrency / knee:
 the multiple of today's capacity that would bring the load back to the knee
 (1.4 ⇒ add 40 %; 0.25 ⇒ a quarter would do).
 
-"CPU" in the spec is
+"CPU" utilisation in the scale-down rule is
 read as the serving accelerator's utilisation (``util_gpu_pct`` of the GPUs
 the deployment's requests name, from ``tailguard.gpu``); memory is their
 ``mem_used_mib / mem_total_mib`` (the resident weights plus KV cache — an upper
@@ -193,7 +193,7 @@ class LoadWindow:
 
 @dataclass(frozen=True, slots=True)
 class ScalePolicy:
-    """Thresholds of the scaling decision tree (defaults: SPEC.md §3 item 7)."""
+    """Thresholds of the scaling decision tree (defaults: docs/capacity.md)."""
 
     up_factor: float = 1.2
     down_factor: float = 0.6

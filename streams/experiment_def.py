@@ -39,7 +39,7 @@ refused: a guardrail guards against getting worse.
 *Bad request* (the release decision's prompt evidence, :attr:`ExperimentDef.bad_ttft_ms`):
 an ``error`` / ``timeout`` / ``rejected`` request, or an ``ok`` one whose TTFT is
 over the experiment's absolute TTFT limit — the smallest ``max`` of a
-``ttft_pXX`` guardrail — or, without one, over the SPEC §2 TTFT SLO threshold
+``ttft_pXX`` guardrail — or, without one, over the default TTFT SLO threshold
 (800 ms). Cancelled requests are never bad (the user left).
 """
 
@@ -301,8 +301,8 @@ class ExperimentDef:
     @property
     def bad_ttft_ms(self) -> float:
         """TTFT over which an ``ok`` request counts as bad in the prompt evidence: the
-        smallest absolute limit (``max``) of a ``ttft_pXX`` guardrail, else the SPEC §2
-        TTFT threshold (800 ms)."""
+        smallest absolute limit (``max``) of a ``ttft_pXX`` guardrail, else the default
+        TTFT SLO threshold (800 ms)."""
         limits = [
             g.limit
             for g in self.guardrails

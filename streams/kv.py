@@ -1,4 +1,4 @@
-"""Per-instance KV-cache state from ``tailguard.kv`` allocator snapshots (SPEC §3 item 5).
+"""Per-instance KV-cache state from ``tailguard.kv`` allocator snapshots.
 
 Every figure is exact: it is computed from the integers of the snapshots,
 never estimated. For one snapshot (``b`` = ``block_size``, sequences ``s``)::
@@ -11,7 +11,7 @@ never estimated. For one snapshot (``b`` = ``block_size``, sequences ``s``)::
                                                                 reset: Δ = its new value)
     tenant share           = tokens (blocks) of the tenant's sequences / all tokens (blocks)
 
-Fragmentation is SPEC's definition (the share of the blocks held by running
+Fragmentation is internal fragmentation (the share of the blocks held by running
 sequences that holds no token), not the article's utilisation ratio.
 *Free-block pressure* is the share of running sequences that would be
 preempted if each needed one more block now (vLLM allocates a block per

@@ -21,7 +21,7 @@ Per request the caller supplies an :data:`Outcome`:
   goodput definition of :mod:`tailguard.streams.sli`);
 - ``SLOW``: status ok but a latency SLO violated;
 - ``ERROR``: ``error``, ``timeout`` or ``rejected``;
-- ``CANCELLED``: left out of compliance (the client gave up; SPEC §2).
+- ``CANCELLED``: left out of compliance (the client gave up).
 
 ``bad`` = SLOW + ERROR, and ``slo_compliance`` = 1 − bad / (requests − cancelled).
 TTFT quantiles come from an exact log-bucket histogram

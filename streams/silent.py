@@ -1,6 +1,6 @@
 """Silent SLO collapse: attainment falls and P95 rises while errors and traffic look normal.
 
-SPEC §3 item 3 (the article's "trap 2"): a prefix-cache miss storm, a
+The article's "trap 2": a prefix-cache miss storm, a
 batcher waiting out its timeout and token flow control push TTFT P95 from
 ~320 ms to ~1.8 s; SLO attainment drops from 99.98 % to ~41 %; QPS is
 unchanged and no request fails. A burn-rate alert on an *error* SLO never

@@ -1,6 +1,6 @@
 """Per-request SLI definitions: what a request contributes, and the thresholds it is held to.
 
-Definitions follow vLLM's ``bench serve`` (SPEC.md §1):
+Definitions follow vLLM's ``bench serve``:
 
 - TTFT  = ``ttft_ms``
 - TPOT  = (e2e_ms − ttft_ms) / (output_tokens − 1), for output_tokens > 1
@@ -50,7 +50,7 @@ class LatencyEvent(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
-    """Latency thresholds of one series (SPEC.md §2 defaults)."""
+    """Latency thresholds of one series (defaults: those of the default SLOs)."""
 
     ttft_ms: float = 800.0
     itl_ms: float = 120.0

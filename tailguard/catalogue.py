@@ -2,7 +2,7 @@
 
 ``tailguard topics create`` creates them all from here, the agents declare their
 faust topics from here, and ``tailguard topics list`` prints it. Names are
-the external contract of SPEC.md §1 and must not change.
+part of tailguard's external contract and must not change.
 
 Partition counts: the input topics and the internal series topic share one
 count (``partitions``, default 4, env ``TAILGUARD_PARTITIONS``) because the
@@ -126,7 +126,7 @@ def default_prefix() -> str:
 
 
 def catalogue(partitions: int | None = None, prefix: str | None = None) -> list[TopicSpec]:
-    """Every topic of SPEC.md §1 plus the internal series topic."""
+    """Every topic of the external contract plus the internal ones."""
     p = partitions or default_partitions()
     pre = default_prefix() if prefix is None else prefix
     return [

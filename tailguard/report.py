@@ -1,4 +1,4 @@
-"""Time × stage P99 heatmaps per series: the report part of latency attribution (SPEC §3.4).
+"""Time × stage P99 heatmaps per series: the report part of latency attribution.
 
 Source: the final ``tailguard.sli.v1`` snapshots of one window (``1m`` by
 default), whose ``stages_ms`` holds a percentile summary per pipeline stage,
@@ -72,7 +72,7 @@ __all__ = [
     "write_report",
 ]
 
-#: Pipeline order of the stages the contract names (SPEC §1, ``stages_ms``).
+#: Pipeline order of the stages the contract names (the keys of ``stages_ms``).
 STAGE_ORDER: Final = ("tokenize", "queue", "prefill", "decode", "detokenize")
 
 _MINUTE_MS: Final = 60_000

@@ -15,8 +15,8 @@ without POSTing::
 
 The log keeps the last :data:`KEEP` event ids per (topic, partition): one would
 cover the crash window, more also absorbs the worker's own re-sends (after a
-worker crash an output may be published again with the same ``event_id``;
-SPEC.md says subscribers deduplicate on it), which land on the same partition
+worker crash an output may be published again with the same ``event_id``,
+on which subscribers deduplicate), which land on the same partition
 because breaches are keyed by series.
 
 **Backoff.** Delay before retry *n* (0-based): ``cap = min(max_s, base_s ·

@@ -5,7 +5,7 @@ A record of ``tailguard.breaches`` (``tailguard.breach.v1``) or
 :class:`AlertEvent`: the raw JSON object plus the few fields every subscriber
 needs (event id, severity, service, breach kind, decision). Only what the
 subscribers rely on is checked; unknown fields are kept and ignored
-(SPEC.md §1, forward compatibility).
+(forward compatibility).
 
 Release decisions have no severity of their own; an operator pages on a
 rollback, files a ticket on a hold and only wants to know about the rest::

@@ -26,7 +26,7 @@ arm × arm table of 20,000 units and finds it independent (chi-square), and
 finds a shared salt dependent. A request is sent with one prompt: keep prompt
 versions in one layer (if two layers set one, the first layer's wins). The event
 of a request in several experiments names the primary one in
-``experiment``/``variant`` (SPEC §1: room for one) and lists all of them in
+``experiment``/``variant`` (an event has room for one) and lists all of them in
 ``experiments`` (:meth:`Selection.tags`); its ``prompt_version`` is the one it
 was served with, whichever layer chose it (:attr:`Selection.prompt_version`).
 
@@ -255,7 +255,7 @@ class Selection:
     @property
     def primary(self) -> Route | None:
         """The route stamped on the event: the one that picked the upstream, else the
-        first layer's. An event has room for one experiment (SPEC §1)."""
+        first layer's. An event has room for one experiment."""
         for r in self.routes:
             if r.upstream is not None:
                 return r

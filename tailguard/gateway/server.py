@@ -105,7 +105,7 @@ def build_event(
     error_type: str | None,
     event_id: str | None = None,
 ) -> dict[str, Any]:
-    """The ``tailguard.inference.v1`` event of one request (SPEC §1).
+    """The ``tailguard.inference.v1`` event of one request.
 
     A request in experiments of several layers: ``experiment``/``variant`` name
     the primary route (:attr:`Selection.primary`), ``experiments`` lists every

@@ -25,8 +25,8 @@ XID errors: the reader registers every GPU for ``nvmlEventTypeXidCriticalError``
 in one event set and, at the start of each round, drains it without blocking
 (``nvmlEventSetWait_v2(set, 0)`` returns at once, raising
 ``NVMLError_Timeout`` when nothing is pending). A GPU's ``xid`` is the last
-XID seen since the reader started ("last XID error", SPEC §1), so a sample
-taken after an XID still shows it.
+XID seen since the reader started (``tailguard.gpu.v1`` defines ``xid`` as the
+"last XID error"), so a sample taken after an XID still shows it.
 
 Failure policy (a sampler on a sick GPU must keep reporting the healthy ones)::
 

@@ -5,7 +5,7 @@ produces each as its own message:
 
 - value: the ``tailguard.gpu.v1`` JSON (``schema`` set; fields NVML could not
   read are left out, which the contract reads as null);
-- key: ``"host:gpu"`` (SPEC §1), so one GPU's samples stay in order on one
+- key: ``"host:gpu"``, so one GPU's samples stay in order on one
   partition;
 - headers: CloudEvents binary mode (``ce_type`` = the schema id, ``ce_id`` =
   ``host:gpu:ts_ms``, ``ce_source`` = ``tailguard-gpu-sampler/<sampler host>``).

@@ -18,7 +18,7 @@ Requests that never reached the engine (``timeout`` stuck in the queue,
 ``rejected``) hold no blocks. ``slack`` is the share of a sequence's blocks
 that the allocator reserves but does not fill (look-ahead reservation, partly
 filled last block): it is what *internal fragmentation* measures,
-``1 − Σ tokens / (Σ blocks · block_size)`` (SPEC §3 item 5).
+``1 − Σ tokens / (Σ blocks · block_size)`` (:mod:`tailguard.streams.kv`).
 
 Fragmentation level of an instance (the article's numbers: one tenant →
 0.08, four tenants → 0.37)::

@@ -1,6 +1,6 @@
 """The traffic model: arrivals → requests → ``tailguard.inference.v1`` events. Pure; no Kafka.
 
-:func:`generate` yields one event (a plain dict, SPEC §1) per request in
+:func:`generate` yields one event (a plain dict) per request in
 arrival order; :func:`generate_batches` groups them per ``service/model`` for a
 producer. Output is a function of the :class:`SimConfig` alone (its ``seed``
 and resolved ``start_ms`` included): the same config yields the same events.
@@ -35,7 +35,7 @@ With the default fleet this gives TTFT median ≈ 180 ms and P95 ≈ 320 ms, gap
 around 25-35 ms, and about 0.2 % non-ok requests (error 70 %, timeout 30 %).
 Prefix-cache hits are drawn per request from Beta(60, 0.8) (mean 98.7 %).
 
-Silent collapse (SPEC §3 item 3; the article's chain) on a hit request:
+Silent collapse (the article's chain) on a hit request:
 
 - prefix-cache miss storm: hit share ~ Beta(0.75, 9.5) (mean 7.3 %), so the
   prefill runs over ~93 % of the prompt;

@@ -1,4 +1,4 @@
-"""Tenant interference and KV fragmentation on the real broker (SPEC §3 item 5, scenario (b)).
+"""Tenant interference and KV fragmentation on the real broker (scenario (b)).
 
 The simulator serves three tenants on shared instances and sends every
 instance's KV-cache snapshot every 5 s of event time (``--kv``). In scenario

@@ -95,7 +95,8 @@ def change(text: str, old: str, new: str) -> str:
 
 
 def test_defaults_are_the_spec_slos() -> None:
-    """SPEC §2: TTFT 99 % ≤ 800 ms, ITL 99 % of gaps ≤ 120 ms, composite ≥ 0.99, success 99.2 %."""
+    """The default SLOs: TTFT 99 % ≤ 800 ms, ITL 99 % of gaps ≤ 120 ms, composite ≥ 0.99,
+    success 99.2 %."""
     specs = {s.name: s for s in default_slos()}
     # display names and descriptions are prose: compare everything else
     assert {n: replace(s, display_name="", description="") for n, s in specs.items()} == {

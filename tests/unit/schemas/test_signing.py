@@ -1,4 +1,4 @@
-"""Admin command signatures: RFC 8785 canonical JSON and HMAC-SHA256 (SPEC §4)."""
+"""Admin command signatures: RFC 8785 canonical JSON and HMAC-SHA256."""
 
 import hashlib
 import hmac

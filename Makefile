@@ -83,7 +83,7 @@ integration: install tools
 		$(TEST_ENV) $(KAFKA) down; exit $$status
 
 # The whole suite against a fresh test broker (fresh broker + fresh worker
-# state together: faust's recovery consistency check, SPEC.md §7).
+# state together: faust refuses a table store ahead of its changelog topic).
 test: install tools
 	@$(TEST_ENV) $(KAFKA) reset >/dev/null
 	@$(TEST_ENV) $(KAFKA) up

@@ -281,7 +281,10 @@ class SeriesFolder:
             stats.late += result.late
             stats.duplicates += result.duplicates
             stats.replayed += result.replayed
-        self.send_all(self.snapshots(closing, final=True))
+        started = time.perf_counter()
+        finals = self.snapshots(closing, final=True) if closing else []
+        stats.close_seconds += time.perf_counter() - started
+        self.send_all(finals)
         self.send_all(outgoing)
         if self.cadence.due(partition, time.monotonic()):
             await self.checkpoint(partition)
@@ -362,6 +365,7 @@ class SeriesFolder:
             # Runs inside the fold, before roll-up and pruning: what it reads of
             # windows ending at end_ms is final and independent of batching. The
             # reads are summarised together, a chunk at a time (see snapshots).
+            started = time.perf_counter()
             closing.extend(self.reads(series, cached.state, end_ms, final=True))
             if len(closing) >= _SUMMARY_CHUNK:
                 outgoing.extend(self.snapshots(closing, final=True))
@@ -375,6 +379,7 @@ class SeriesFolder:
             # Done with this end: the merged windows kept for it are memory only
             # (with 10k series, a few hundred MiB at a minute's close).
             cached.state.release_window_cache()
+            self.stats.close_seconds += time.perf_counter() - started
 
         return on_close
 

@@ -97,6 +97,10 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "tailguard_checkpoint_seconds",
         "Wall time the SLI agent spent in checkpoints (writing state, acknowledging input).",
     ),
+    "close_seconds": (
+        "tailguard_close_seconds",
+        "Wall time spent closing minutes (final snapshots, SLO and silent evaluations).",
+    ),
     "internal_errors": ("tailguard_internal_errors", "Undecodable internal records skipped."),
     "redelivered": ("tailguard_input_redelivered", "Input messages delivered again."),
 }

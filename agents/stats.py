@@ -29,6 +29,8 @@ class WorkerStats:
     state_writes: int = 0
     #: Wall time the SLI agent spent checkpointing (its share paces the checkpoints).
     checkpoint_seconds: float = 0.0
+    #: Wall time spent closing minutes: final snapshots, SLO and silent evaluations.
+    close_seconds: float = 0.0
     internal_errors: int = 0
     redelivered: int = 0
     deadletters: Counter[str] = field(default_factory=Counter)
@@ -41,7 +43,7 @@ class WorkerStats:
             f"valid={self.events_valid} applied={self.events_applied} "
             f"late={self.late} duplicates={self.duplicates} replayed={self.replayed} "
             f"deadletters={dl} snapshots={self.snapshots} checkpoints={self.checkpoints} "
-            f"checkpoint_s={self.checkpoint_seconds:.1f} "
+            f"checkpoint_s={self.checkpoint_seconds:.1f} close_s={self.close_seconds:.2f} "
             f"state_writes={self.state_writes} redelivered={self.redelivered} "
             f"local={self.events_local} forwarded={self.events_forwarded}"
         )

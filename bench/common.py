@@ -30,6 +30,7 @@ def worker_counters(log_path: Path) -> tuple[int, int]:
 
 
 _PATHS = re.compile(rb"local=(\d+) forwarded=(\d+)")
+_CLOSE = re.compile(rb"close_s=([\d.]+)")
 
 
 def worker_paths(log_path: Path) -> tuple[int, int]:
@@ -37,6 +38,12 @@ def worker_paths(log_path: Path) -> tuple[int, int]:
     the partition they came in on, and forwarded through the internal topic."""
     found = _PATHS.findall(log_path.read_bytes()[-65536:])
     return (int(found[-1][0]), int(found[-1][1])) if found else (0, 0)
+
+
+def worker_close_s(log_path: Path) -> float:
+    """Seconds the worker spent closing minutes, from its last counters line."""
+    found = _CLOSE.findall(log_path.read_bytes()[-65536:])
+    return float(found[-1]) if found else 0.0
 
 
 def _exit_on_term(signum: int, frame: object) -> None:

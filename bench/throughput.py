@@ -35,6 +35,13 @@ series; ``random_partitions`` repeats the run at random.
    and a per-series part (a series' share of every batch, its minute close, its
    checkpoint records); the sweep shows which one bounds the main run.
 
+``close_minute_s`` is the wall time from the worker's last input event folded
+to the last final snapshot read back; how much of the close overlaps the fold
+of other partitions changes it from run to run. ``close_s_in_worker`` is the
+worker's own count (``close_s`` of its counters line, ``tailguard_close_seconds``
+on /metrics): the time it spent closing minutes — final snapshots, SLO and
+silent evaluations — over the whole run.
+
 Writes ``bench/results/throughput.json``. Absolute numbers drift on shared
 machines; the ratio to the ceiling is the figure to compare across runs.
 ``BENCH_PROFILE=out.txt`` records the worker with py-spy (raw format).
@@ -59,7 +66,14 @@ from tailguard.schemas import InferenceEvent
 from tailguard.schemas.columnar import InferenceColumns, encode_columns, is_columnar
 from tailguard.schemas.placement import home_partition, series_key_of
 
-from bench.common import machine, run, worker_counters, worker_paths, write_result
+from bench.common import (
+    machine,
+    run,
+    worker_close_s,
+    worker_counters,
+    worker_paths,
+    write_result,
+)
 from bench.memory import RssSampler, proc_memory, replay
 from tailguard.catalogue import catalogue
 from tailguard.kafka_admin import create_topics
@@ -320,6 +334,14 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
             raise SystemExit(f"worker did not account for all events in time ({counted}/{total})")
         rss = proc_memory(proc.pid)["VmHWM"]
         local, forwarded = worker_paths(log_path)
+        # The worker's counters line comes every 0.5 s: wait for one written after
+        # the last final snapshot, so that its close time is all there.
+        seen_close, waited = worker_close_s(log_path), time.monotonic()
+        while time.monotonic() - waited < 2.0:
+            time.sleep(0.1)  # the log is a file written by another process: poll it
+            if worker_close_s(log_path) != seen_close:
+                break
+        close_s = worker_close_s(log_path)
         sampler.stop()
     finally:
         # py-spy writes its profile on SIGINT; the worker stops cleanly on either.
@@ -336,6 +358,7 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
     return {
         "seconds": done_at - t0,
         "applied_s": (applied_at or done_at) - t0,
+        "close_s": close_s,
         "startup_s": t0 - started,
         "peak_rss_mib": round(rss, 1),
         "series_seen": len(series),
@@ -407,6 +430,7 @@ def summary(w: dict[str, Any], ceil_eps: float, n_series: int, by_series: bool) 
         "forwarded_share": w["forwarded_share"],
         "seconds": round(w["seconds"], 2),
         "close_minute_s": round(w["seconds"] - w["applied_s"], 2),
+        "close_s_in_worker": round(w["close_s"], 2),
         "series_seen": w["series_seen"],
         "late_events": w["late"],
         "peak_rss_mib": w["peak_rss_mib"],
@@ -459,6 +483,7 @@ def main() -> None:
         "seconds": round(w["seconds"], 2),
         "applied_per_s": round(EVENTS / w["applied_s"]),
         "close_minute_s": round(w["seconds"] - w["applied_s"], 2),
+        "close_s_in_worker": round(w["close_s"], 2),
         "series_seen": w["series_seen"],
         "late_events": w["late"],
         "peak_rss_mib": w["peak_rss_mib"],

@@ -8,7 +8,7 @@
 # everything it started.
 #
 # The demo resets the local broker under $STATE (fresh broker + fresh worker
-# state together: faust's recovery consistency check, SPEC.md §7).
+# state together: faust refuses a table store ahead of its changelog topic).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE="${STATE:-$PWD/.state}"

@@ -11,7 +11,7 @@ which any subscriber loads with ``tdigest.TDigest().update_from_dict(d)``.
 
 Values are added per batch (``from_values`` on a numpy array, then
 ``merge_inplace``) because the cost of a fastdigest call is the merge it does,
-not the values it receives (SPEC.md §7 figures).
+not the values it receives.
 """
 
 import math

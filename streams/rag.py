@@ -91,6 +91,10 @@ class BetaFit:
         return self.alpha / (self.alpha + self.beta)
 
 
+#: α + β at most: a fit of near-constant values grows them without bound.
+_MAX_CONCENTRATION = 1e8
+
+
 def fit_beta(xs: list[float], *, max_iter: int = 100, tol: float = 1e-10) -> BetaFit:
     """Maximum-likelihood Beta(α, β) of ``xs`` (loc 0, scale 1)."""
     n = len(xs)
@@ -111,10 +115,8 @@ def fit_beta(xs: list[float], *, max_iter: int = 100, tol: float = 1e-10) -> Bet
         tab = trigamma(a + b)
         j11, j12, j22 = trigamma(a) - tab, -tab, trigamma(b) - tab
         det = j11 * j22 - j12 * j12
-        if not det or not math.isfinite(det):
-            # Values all (nearly) equal: the likelihood keeps growing with α and β
-            # until the curvature underflows. What was reached is as sharp a fit
-            # as floats tell apart.
+        if not det or not math.isfinite(det) or a + b > _MAX_CONCENTRATION:
+            # Values all (nearly) equal: the likelihood keeps growing with α and β.
             break
         da = (f1 * j22 - f2 * j12) / det
         db = (j11 * f2 - j12 * f1) / det
@@ -125,6 +127,10 @@ def fit_beta(xs: list[float], *, max_iter: int = 100, tol: float = 1e-10) -> Bet
         a, b = a - step * da, b - step * db
         if abs(da) < tol * a and abs(db) < tol * b:
             break
+    if a + b > _MAX_CONCENTRATION:
+        # As sharp a Beta as its quantiles and standard error can still be
+        # computed for (a spread of ~1e-4 around the mean): near-constant values.
+        a, b = a * _MAX_CONCENTRATION / (a + b), b * _MAX_CONCENTRATION / (a + b)
     return BetaFit(a, b, n)
 
 

@@ -94,7 +94,7 @@ def change(text: str, old: str, new: str) -> str:
 # ------------------------------------------------------------------ shipped definitions
 
 
-def test_defaults_are_the_spec_slos() -> None:
+def test_defaults_are_the_documented_slos() -> None:
     """The default SLOs: TTFT 99 % ≤ 800 ms, ITL 99 % of gaps ≤ 120 ms, composite ≥ 0.99,
     success 99.2 %."""
     specs = {s.name: s for s in default_slos()}

@@ -320,16 +320,29 @@ class SeriesRing:
         horizon = end - (cfg.fine_retention_ms - cfg.allowed_lateness_ms - cfg.bucket_ms)
         minutes, hours = self._ordered()
         used = hours[bisect_left(hours, start) : bisect_right(hours, end - rollup)]
-        skip = set(used)
-        fine = []
-        for s in minutes[bisect_left(minutes, start) : bisect_left(minutes, end)]:
-            hour = s - s % rollup
-            if hour in skip:
-                continue
-            # A whole hour not rolled up yet still has all its minutes (pruning
-            # only follows roll-up); a partial hour counts only its recent minutes.
-            if (hour >= start and hour + rollup <= end) or s >= horizon:
-                fine.append(self.fine[s])
+        lo, hi = bisect_left(minutes, start), bisect_left(minutes, end)
+        fine: list[Bucket] = []
+
+        def take(a: int, b: int) -> None:  # minutes[a:b], none in a used hour
+            for s in minutes[a:b]:
+                hour = s - s % rollup
+                # A whole hour not rolled up yet still has all its minutes (pruning
+                # only follows roll-up); a partial hour counts only its recent minutes.
+                if (hour >= start and hour + rollup <= end) or s >= horizon:
+                    fine.append(self.fine[s])
+
+        # The minutes of a used hour are in its hour bucket: skip each such run by
+        # bisection (over days, most minutes of a window are), only the hours
+        # that overlap the held minutes.
+        at = lo
+        if lo < hi:
+            for hour in used[bisect_right(used, minutes[lo] - rollup) :]:
+                if hour > minutes[hi - 1]:
+                    break
+                cut = bisect_left(minutes, hour, at, hi)
+                take(at, cut)
+                at = bisect_left(minutes, hour + rollup, cut, hi)
+        take(at, hi)
         return [self.coarse[hour] for hour in used], fine
 
     def window(self, window_ms: int, end_ms: int | None = None) -> Bucket:

@@ -52,9 +52,12 @@ from typing import Any, Final, Literal, get_type_hints
 
 import msgspec
 import numpy as np
-from tailguard.schemas.codec import Limits, Reject, decode, message_problem
+from tailguard.schemas.codec import decode
 from tailguard.schemas.errors import DeadLetterReason
-from tailguard.schemas.records import Count, DurationMs, InferenceEvent, Name
+from tailguard.schemas.inputs import InferenceEvent
+from tailguard.schemas.limits import Limits, message_problem
+from tailguard.schemas.rejects import Reject
+from tailguard.schemas.scalars import Count, DurationMs, Name
 
 __all__ = [
     "COLUMNS_SCHEMA_ID",

@@ -1,4 +1,4 @@
-"""Turn a :class:`~tailguard.schemas.codec.Reject` into a ``tailguard.deadletter.v1`` record.
+"""Turn a :class:`~tailguard.schemas.rejects.Reject` into a ``tailguard.deadletter.v1`` record.
 
 The record keeps the origin (topic, partition, offset and, for one event of a
 batch, its index) so an operator can find the message, plus the offending
@@ -13,8 +13,8 @@ same ``event_id`` and a subscriber can deduplicate on it. The record's
 import base64
 from typing import Final
 
-from tailguard.schemas.codec import Reject
-from tailguard.schemas.records import DeadLetter
+from tailguard.schemas.outputs import DeadLetter
+from tailguard.schemas.rejects import Reject
 
 __all__ = ["MAX_ORIGINAL_BYTES", "dead_letter", "dead_letter_id"]
 

@@ -4,7 +4,7 @@ Two different things live here:
 
 - :class:`SchemaError` is *raised*, and only for programming errors: an
   unknown topic kind passed to :func:`~tailguard.schemas.codec.decode`, an
-  impossible :class:`~tailguard.schemas.codec.Limits`, an object that is not
+  impossible :class:`~tailguard.schemas.limits.Limits`, an object that is not
   an output record handed to ``encode``. Bad *input* never raises.
 - :class:`DeadLetterReason` is what bad input gets instead of an exception:
   :func:`~tailguard.schemas.codec.decode` returns a ``Reject`` carrying one of

@@ -2,10 +2,10 @@
 
 Producers that are not written in Python validate what they send against
 these files, so they are generated from the Structs in
-:mod:`tailguard.schemas.records` and shipped as package data in
-``jsonschema/<schema id>.json``. A unit test regenerates them and compares, so
-the files cannot drift from the code. Output is deterministic: sorted keys,
-two-space indent, one trailing newline.
+:mod:`tailguard.schemas.inputs` and :mod:`tailguard.schemas.outputs` and
+shipped as package data in ``jsonschema/<schema id>.json``. A unit test
+regenerates them and compares, so the files cannot drift from the code.
+Output is deterministic: sorted keys, two-space indent, one trailing newline.
 
 Each file is JSON Schema draft 2020-12 with ``$id`` = the schema id:
 
@@ -32,10 +32,12 @@ from pathlib import Path
 from typing import Any, Final
 
 import msgspec
-from tailguard.schemas.codec import DEFAULT_LIMITS
 from tailguard.schemas.columnar import COLUMNS_SCHEMA_ID, InferenceColumns
+from tailguard.schemas.inputs import INPUT_RECORDS
+from tailguard.schemas.limits import DEFAULT_LIMITS
+from tailguard.schemas.outputs import OUTPUT_RECORDS
 from tailguard.schemas.prompts import PROMPT_SCHEMA, PROMPT_SLI_SCHEMA, PromptGroupSli, PromptRecord
-from tailguard.schemas.records import INPUT_RECORDS, OUTPUT_RECORDS, SCHEMA_IDS
+from tailguard.schemas.records import SCHEMA_IDS
 
 __all__ = [
     "RECORD_DOCUMENTS",

@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import msgspec
-from tailguard.schemas.codec import DEFAULT_LIMITS, Limits, decode
+from tailguard.schemas.codec import decode
 from tailguard.schemas.errors import SchemaError
-from tailguard.schemas.records import InferenceEvent
+from tailguard.schemas.inputs import InferenceEvent
+from tailguard.schemas.limits import DEFAULT_LIMITS, Limits
 from tailguard.streams.otlp import Span, span_fields
 
 __all__ = [

@@ -21,9 +21,10 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import Meta
-from tailguard.schemas.codec import Reject, _classify
 from tailguard.schemas.errors import DeadLetterReason
-from tailguard.schemas.records import TimestampMs
+from tailguard.schemas.reasons import classify
+from tailguard.schemas.rejects import Reject
+from tailguard.schemas.scalars import TimestampMs
 
 __all__ = [
     "PROMPT_SCHEMA",
@@ -98,7 +99,7 @@ def prompt_or_reject(raw: bytes) -> PromptRecord | Reject:
                 else DeadLetterReason.INCONSISTENT
             )
             return Reject(reason, str(exc))
-        reason, detail = _classify(exc, raw, PROMPT_SCHEMA)
+        reason, detail = classify(exc, raw, PROMPT_SCHEMA)
         return Reject(reason, detail)
     except msgspec.DecodeError as exc:
         return Reject(DeadLetterReason.MALFORMED_JSON, f"not JSON: {exc}")

@@ -14,7 +14,7 @@ from tailguard.agents.experiments import (
     route_requests,
 )
 from tailguard.schemas import decode
-from tailguard.schemas.records import AuditRecord
+from tailguard.schemas.outputs import AuditRecord
 from tailguard.schemas.release import ReleaseDecision
 from tailguard.streams.experiment import (
     ExperimentRequests,

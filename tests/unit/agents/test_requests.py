@@ -11,7 +11,7 @@ from tailguard.agents.internal import _served, series_index
 from tailguard.agents.requests import RequestBatch
 from tailguard.schemas import BatchInfo, CacheInfo, InferenceEvent, Limits
 from tailguard.schemas.columnar import decode_columns, encode_columns
-from tailguard.schemas.records import ExperimentTag
+from tailguard.schemas.inputs import ExperimentTag
 from tailguard.streams.columns import Columns
 
 NOW = int(time.time() * 1000)

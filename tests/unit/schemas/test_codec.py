@@ -16,7 +16,7 @@ from tailguard.schemas import (
     decode,
     encode,
 )
-from tailguard.schemas.codec import _all_inference_ok, _check_inference, _Ctx
+from tailguard.schemas.checks import Ctx, _all_inference_ok, _check_inference
 
 R = DeadLetterReason
 Build = Callable[[Callable[..., dict[str, Any]], Callable[[Any], bytes]], bytes]
@@ -404,7 +404,7 @@ def test_impossible_limits_are_refused(overrides: dict[str, Any]) -> None:
 def test_the_batch_check_never_passes_an_event_the_full_check_refuses(
     make_event: Any, to_raw: Any
 ) -> None:
-    ctx = _Ctx(NOW_MS, DEFAULT_LIMITS)
+    ctx = Ctx(NOW_MS, DEFAULT_LIMITS)
     probes: list[dict[str, Any]] = [
         {},
         {"ts_ms": NOW_MS + 10**7},

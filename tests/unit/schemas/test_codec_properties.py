@@ -6,7 +6,7 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from tailguard.schemas import DeadLetterReason, Limits, decode
-from tailguard.schemas.records import INPUT_RECORDS, InferenceEvent
+from tailguard.schemas.inputs import INPUT_RECORDS, InferenceEvent
 
 NOW_MS = 1_700_000_100_000
 KINDS = list(INPUT_RECORDS)

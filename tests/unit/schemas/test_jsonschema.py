@@ -21,7 +21,7 @@ from tailguard.schemas import (
     encode,
 )
 from tailguard.schemas.generate import SCHEMA_DIR, build_all, main
-from tailguard.schemas.records import INPUT_RECORDS, InferenceEvent
+from tailguard.schemas.inputs import INPUT_RECORDS, InferenceEvent
 
 NOW_MS = 1_700_000_100_000
 

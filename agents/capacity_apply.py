@@ -42,7 +42,7 @@ from tailguard.streams.capacity_state import CoreState
 from tailguard.streams.knee import Knee, KneeTracker
 from tailguard.streams.rag import RagThreshold
 
-__all__ = ["Deployment", "Effect", "apply_rows"]
+__all__ = ["Breaker", "Deployment", "Effect", "Interval", "RagChange", "Warmup", "apply_rows"]
 
 #: The GPU utilisation, memory fraction and evidence of a deployment, as of now.
 GpuState = Callable[["Deployment"], tuple[float | None, float | None, dict[str, Any]]]
@@ -51,6 +51,8 @@ RagTracker = Callable[["Deployment", str], RagThreshold]
 
 @dataclass(slots=True)
 class Deployment:
+    """One deployment's capacity state, as the agent keeps it between messages."""
+
     service: str
     model: str
     tuning: CapacityTuning
@@ -73,24 +75,32 @@ class Deployment:
 
 
 class Warmup(NamedTuple):
+    """An instance's warm-up report (once per instance)."""
+
     ts_ms: int
     instance: str
     report: WarmupReport
 
 
 class Breaker(NamedTuple):
+    """An expert breaker moved (with the evidence to publish)."""
+
     ts_ms: int
     transition: Transition
     evidence: dict[str, Any]
 
 
 class RagChange(NamedTuple):
+    """A RAG index's similarity threshold moved."""
+
     ts_ms: int
     rag_index: str
     change: dict[str, Any]
 
 
 class Interval(NamedTuple):
+    """A load interval closed: the knee it moved (if any) and the scaling decision."""
+
     closed: IntervalLoad
     knee: Knee | None
     decision: Decision

@@ -413,15 +413,14 @@ def fires(spec: SloSpec, policy: BurnPolicy, counters_by_window: Mapping[str, Co
     open breach, not on ``/metrics``) this is all the close needs to know.
     ``counters_by_window`` as for :func:`evaluate`.
     """
-    allowed = _allowed_bad(spec.target)
+    allowed, rules = _rule_limits(spec, policy)
 
     def rate(name: str) -> float:
         bad, total = bad_and_total(spec, counters_by_window[name])
         return (bad / total) / allowed if total > 0 else 0.0
 
-    for rule in policy.rules:
-        threshold = policy.threshold(rule, spec)
-        if not (_exceeds(rate(rule.short), threshold) and _exceeds(rate(rule.long), threshold)):
+    for rule, limit in rules:
+        if not (rate(rule.short) > limit and rate(rule.long) > limit):
             continue
         if (
             eligible_requests(spec, counters_by_window[rule.long]) >= policy.min_long_events
@@ -429,6 +428,18 @@ def fires(spec: SloSpec, policy: BurnPolicy, counters_by_window: Mapping[str, Co
         ):
             return True
     return False
+
+
+@functools.lru_cache(maxsize=1024)
+def _rule_limits(
+    spec: SloSpec, policy: BurnPolicy
+) -> tuple[float, tuple[tuple[BurnRule, float], ...]]:
+    """``1 − target`` and, per rule, the rate a window must exceed (as :func:`_exceeds`
+    reckons it): worked out once per SLO and policy, read at every close."""
+    limits = tuple(
+        (rule, policy.threshold(rule, spec) * (1.0 + _EXCEED_TOLERANCE)) for rule in policy.rules
+    )
+    return _allowed_bad(spec.target), limits
 
 
 class WindowCounters(Mapping[str, Counters]):

@@ -78,10 +78,7 @@ from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
 from tailguard.agents.topics import internal_topic, precreate_topics
-from tailguard.streams.capacity import (
-    HOLD,
-    Decision,
-)
+from tailguard.streams.capacity import HOLD, Decision
 from tailguard.streams.capacity_state import (
     decode_core,
     decode_experts,

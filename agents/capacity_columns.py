@@ -172,7 +172,7 @@ class CapacityRows:
         )
 
 
-class _Deployment(msgspec.Struct, array_like=True):
+class _WireDeployment(msgspec.Struct, array_like=True):
     service: str
     model: str
     ts_ms: bytes
@@ -192,7 +192,7 @@ class _Deployment(msgspec.Struct, array_like=True):
 class Deployments(msgspec.Struct, tag_field="schema", tag=SCHEMA):
     """One forwarded message: the deployments of one internal partition."""
 
-    deployments: list[_Deployment]
+    deployments: list[_WireDeployment]
 
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -207,12 +207,12 @@ def partition_of(key: str, partitions: int) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "big") % partitions
 
 
-def _wire(service: str, model: str, rows: CapacityRows, runs: list[Run]) -> _Deployment:
+def _wire(service: str, model: str, rows: CapacityRows, runs: list[Run]) -> _WireDeployment:
     def listed(values: Sequence[Any] | None) -> list[Any] | None:
         return None if values is None else list(values)
 
     flags = rows.ok.astype(np.uint8) * OK | rows.warm.astype(np.uint8) * WARM
-    return _Deployment(
+    return _WireDeployment(
         service,
         model,
         rows.ts.astype(_I8).tobytes(),
@@ -230,28 +230,27 @@ def _wire(service: str, model: str, rows: CapacityRows, runs: list[Run]) -> _Dep
     )
 
 
-def _rows(d: _Deployment) -> CapacityRows:
-    flags = np.frombuffer(d.flags, dtype=np.uint8)
-    n = len(flags)
-    ts = np.frombuffer(d.ts_ms, dtype=_I8)
-    columns = [d.e2e_ms, d.ttft_ms, d.output_tokens]
-    if len(ts) != n or any(len(c) != 8 * n for c in columns):
-        msg = f"columns of {d.service}|{d.model} disagree in length"
-        raise msgspec.ValidationError(msg)
+def _rows(d: _WireDeployment) -> CapacityRows:
+    n = len(d.flags)
+    numbers = (d.ts_ms, d.e2e_ms, d.ttft_ms, d.output_tokens)
+    similarity = d.rag_top1_similarity
     lists = (d.instance, d.host, d.gpu_ids, d.expert_ids, d.rag_index)
-    if any(v is not None and len(v) != n for v in lists):
+    if (
+        any(len(c) != 8 * n for c in numbers)
+        or (similarity is not None and len(similarity) != 8 * n)
+        or any(v is not None and len(v) != n for v in lists)
+    ):
         msg = f"columns of {d.service}|{d.model} disagree in length"
         raise msgspec.ValidationError(msg)
-    similarity = None
-    if d.rag_top1_similarity is not None:
-        similarity = np.frombuffer(d.rag_top1_similarity, dtype=_F8)
-        if len(similarity) != n:
-            msg = f"columns of {d.service}|{d.model} disagree in length"
-            raise msgspec.ValidationError(msg)
+    flags = np.frombuffer(d.flags, dtype=np.uint8)
+
+    def floats(raw: bytes) -> np.ndarray:
+        return np.frombuffer(raw, dtype=_F8).astype(np.float64)
+
     return CapacityRows(
-        ts.astype(np.int64),
-        np.frombuffer(d.e2e_ms, dtype=_F8).astype(np.float64),
-        np.frombuffer(d.ttft_ms, dtype=_F8).astype(np.float64),
+        np.frombuffer(d.ts_ms, dtype=_I8).astype(np.int64),
+        floats(d.e2e_ms),
+        floats(d.ttft_ms),
         np.frombuffer(d.output_tokens, dtype=_I8).astype(np.int64),
         (flags & OK).astype(np.bool_),
         (flags & WARM).astype(np.bool_),
@@ -259,7 +258,7 @@ def _rows(d: _Deployment) -> CapacityRows:
         d.host,
         d.gpu_ids,
         d.expert_ids,
-        None if similarity is None else similarity.astype(np.float64),
+        None if similarity is None else floats(similarity),
         d.rag_index,
     )
 

@@ -183,14 +183,14 @@ def _load(dep: Deployment, rows: CapacityRows, gpu_state: GpuState) -> list[tupl
     """Every request but warm-up ones into the load window; each closed interval's
     knee and scaling decision (warm-up load is not serving capacity)."""
     core = dep.core
-    serving = np.flatnonzero(~rows.warm) if rows.warm.any() else np.arange(len(rows))
+    serving = np.flatnonzero(~rows.warm)
     closes = core.load.add_many(rows.ts[serving], rows.e2e[serving], rows.tokens[serving])
     out = []
     gathered = 0  # requests whose GPUs are in core.gpus
     for k, closed in closes:
         i = int(serving[k])
         _gather_gpus(core.gpus, rows, gathered, i + 1)
-        gathered = max(gathered, i + 1)
+        gathered = i + 1  # closing requests come in order
         knee = core.knee.add(closed.sample)
         dep.knee_dirty = True
         util, mem, gpu_ev = gpu_state(dep)
@@ -220,8 +220,6 @@ def _gather_gpus(gpus: set[tuple[str, int]], rows: CapacityRows, lo: int, hi: in
     if rows.host is None or rows.gpu_ids is None or lo >= hi:
         return
     served = {
-        (h, tuple(g))
-        for h, g in zip(rows.host[lo:hi], rows.gpu_ids[lo:hi], strict=False)
-        if h and g
+        (h, tuple(g)) for h, g in zip(rows.host[lo:hi], rows.gpu_ids[lo:hi], strict=True) if h and g
     }
     gpus.update((h, gpu) for h, ids in served for gpu in ids)

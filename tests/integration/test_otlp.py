@@ -77,7 +77,10 @@ def test_otlp_proto_and_json_batches_become_inference_events(
     collector: Callable[..., Any],
     produce: Callable[..., Any],
 ) -> None:
-    now_ns = time.time_ns() - 60_000_000_000
+    # Every span inside one minute (5 s into the last whole minute), so its 1m snapshot
+    # counts all of a model's requests whatever the wall clock's second.
+    minute_ns = 60_000_000_000
+    now_ns = (time.time_ns() // minute_ns - 1) * minute_ns + 5_000_000_000
     proto_spans = vllm_spans(5, now_ns, "llama-3.1-8b-instruct")
     json_spans = vllm_spans(4, now_ns + 1_000_000_000, "qwen2.5-7b-instruct")
     otlp = namespace.topic("tailguard.otlp")

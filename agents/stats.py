@@ -1,9 +1,12 @@
 """In-process counters of a worker (exported to Prometheus by the operators' issue)."""
 
+import gc
+import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["WorkerStats"]
+__all__ = ["WorkerStats", "time_gc"]
 
 
 @dataclass(slots=True)
@@ -31,6 +34,8 @@ class WorkerStats:
     checkpoint_seconds: float = 0.0
     #: Wall time spent closing minutes: final snapshots, SLO and silent evaluations.
     close_seconds: float = 0.0
+    #: Time the cyclic garbage collector ran, every thread (see :func:`time_gc`).
+    gc_seconds: float = 0.0
     internal_errors: int = 0
     redelivered: int = 0
     deadletters: Counter[str] = field(default_factory=Counter)
@@ -44,6 +49,21 @@ class WorkerStats:
             f"late={self.late} duplicates={self.duplicates} replayed={self.replayed} "
             f"deadletters={dl} snapshots={self.snapshots} checkpoints={self.checkpoints} "
             f"checkpoint_s={self.checkpoint_seconds:.1f} close_s={self.close_seconds:.2f} "
+            f"gc_s={self.gc_seconds:.2f} "
             f"state_writes={self.state_writes} redelivered={self.redelivered} "
             f"local={self.events_local} forwarded={self.events_forwarded}"
         )
+
+
+def time_gc(stats: WorkerStats) -> None:
+    """Add the time every collection of the cyclic garbage collector takes to
+    ``stats.gc_seconds`` (a callback around each; collections hold the GIL)."""
+    started = [0.0]
+
+    def clock(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            stats.gc_seconds += time.perf_counter() - started[0]
+
+    gc.callbacks.append(clock)

@@ -23,6 +23,7 @@ from pathlib import Path
 import faust
 from tailguard.agents.pipeline import build
 from tailguard.agents.settings import Settings
+from tailguard.agents.stats import time_gc
 
 __all__ = ["ProducerBackpressureSummary", "limit_malloc_arenas", "prepare_data_dir", "run_worker"]
 
@@ -123,6 +124,7 @@ def run_worker(settings: Settings, loglevel: str = "info") -> int:
     # start-up are frozen out of it, and young collections run less often.
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
+    time_gc(pipeline.stats)
     worker = faust.Worker(pipeline.app, loglevel=loglevel, quiet=True)
     logging.getLogger("faust.transport.producer").addFilter(ProducerBackpressureSummary())
     if discarded:

@@ -46,6 +46,33 @@ def worker_close_s(log_path: Path) -> float:
     return float(found[-1]) if found else 0.0
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of ``pids`` (every thread), 0 for one that is gone."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def broker_pids() -> list[int]:
+    """The local Kafka broker's JVM, found by its main class (empty when none runs here)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"kafka.Kafka\x00" in cmdline or cmdline.endswith(b"kafka.Kafka"):
+            found.append(int(entry.name))
+    return found
+
+
 def _exit_on_term(signum: int, frame: object) -> None:
     raise SystemExit(f"stopped by signal {signum}")  # runs the finally blocks: no orphan worker
 

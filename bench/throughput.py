@@ -67,6 +67,8 @@ from tailguard.schemas.columnar import InferenceColumns, encode_columns, is_colu
 from tailguard.schemas.placement import home_partition, series_key_of
 
 from bench.common import (
+    broker_pids,
+    cpu_seconds,
     machine,
     run,
     worker_close_s,
@@ -303,6 +305,8 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
     deadline = time.monotonic() + 1200
     done_at = None
     sampler = RssSampler(proc.pid).start()
+    brokers = broker_pids()
+    cpu_at_ready = (0.0, 0.0)
     try:
         admin = AdminClient({"bootstrap.servers": BROKER})
         md = admin.list_topics(sli_topic, timeout=10).topics[sli_topic]
@@ -312,6 +316,7 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
                 raise SystemExit(f"worker exited with {proc.returncode}; see {log_path}")
             if ready_at is None and _ready(log_path):
                 ready_at = time.perf_counter()
+                cpu_at_ready = (cpu_seconds([proc.pid]), cpu_seconds(brokers))
                 sampler.mark_baseline()
             applied, late_total = worker_counters(log_path)
             if applied_at is None and applied + late_total >= main:
@@ -329,6 +334,7 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
             # are in no snapshot's count: the worker's own counter accounts for them.
             if applied_at is not None and counted + late_total >= total:
                 done_at = time.perf_counter()
+                cpu_at_done = (cpu_seconds([proc.pid]), cpu_seconds(brokers))
                 break
         if done_at is None:
             raise SystemExit(f"worker did not account for all events in time ({counted}/{total})")
@@ -359,6 +365,10 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
         "seconds": done_at - t0,
         "applied_s": (applied_at or done_at) - t0,
         "close_s": close_s,
+        # CPU seconds from ready to done: the worker process (every thread, librdkafka's
+        # included) and the broker, which share this machine's cores.
+        "worker_cpu_s": round(cpu_at_done[0] - cpu_at_ready[0], 2),
+        "broker_cpu_s": round(cpu_at_done[1] - cpu_at_ready[1], 2),
         "startup_s": t0 - started,
         "peak_rss_mib": round(rss, 1),
         "series_seen": len(series),
@@ -434,6 +444,16 @@ def summary(w: dict[str, Any], ceil_eps: float, n_series: int, by_series: bool) 
         "series_seen": w["series_seen"],
         "late_events": w["late"],
         "peak_rss_mib": w["peak_rss_mib"],
+        **cpu_figures(w),
+    }
+
+
+def cpu_figures(w: dict[str, Any]) -> dict[str, float]:
+    """CPU spent per event from ready to done: less drift than wall time on a shared
+    machine, and it tells the worker's share from the broker's."""
+    return {
+        "worker_cpu_us_per_event": round(w["worker_cpu_s"] / EVENTS * 1e6, 1),
+        "broker_cpu_us_per_event": round(w["broker_cpu_s"] / EVENTS * 1e6, 1),
     }
 
 
@@ -484,6 +504,7 @@ def main() -> None:
         "applied_per_s": round(EVENTS / w["applied_s"]),
         "close_minute_s": round(w["seconds"] - w["applied_s"], 2),
         "close_s_in_worker": round(w["close_s"], 2),
+        **cpu_figures(w),
         "series_seen": w["series_seen"],
         "late_events": w["late"],
         "peak_rss_mib": w["peak_rss_mib"],

@@ -323,8 +323,12 @@ class Bucket:
         return row
 
     def close(self) -> None:
-        """Forget the event ids: no event can join a closed bucket any more."""
+        """Forget the event ids: no event can join a closed bucket any more. Its
+        digests fold their tails in, so a window of this bucket alone reads it
+        as it is (:meth:`SeriesRing.window`)."""
         self.ids = None
+        for sketch in self.digests.values():
+            sketch.compact()
 
     def to_bytes(self) -> bytes:
         ids = None

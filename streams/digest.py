@@ -225,6 +225,20 @@ class Sketch:
         if other._tail.size:
             self._push(other._tail)
 
+    def compact(self) -> None:
+        """Fold the tail into the digest, for good: a sketch that takes no more
+        values (a closed bucket's) is then read with no copy (see
+        :meth:`_digest_view`). Exact sketches are left as they are."""
+        if self._digest is None or not self._tail.size:
+            return
+        tail = TDigest.from_values(self._tail, max_centroids=self.max_centroids)
+        if self._digest.is_empty():
+            self._digest = tail
+        else:
+            self._digest.merge_inplace(tail)
+        self._tail = _EMPTY
+        self._view = None
+
     def copy(self) -> "Sketch":
         out = Sketch(self.max_centroids)
         out._values = None if self._values is None else self._values.copy()
@@ -251,6 +265,11 @@ class Sketch:
     @property
     def exact(self) -> bool:
         return self._values is not None
+
+    @property
+    def settled(self) -> bool:
+        """Exact, or a digest with no tail: read as it is, with no merge or copy."""
+        return self._values is not None or not self._tail.size
 
     @property
     def n_values(self) -> int:

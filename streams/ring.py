@@ -372,9 +372,10 @@ class SeriesRing:
         if cached is None:
             if len(self._closed_cache) >= 32:
                 self._closed_cache.clear()
-            # A closed bucket no longer changes: alone and exact, it is its own
-            # window (a digest part is merged, so the window may read it exactly).
-            alone = len(closed) == 1 and all(s.exact for s in closed[0].digests.values())
+            # A closed bucket no longer changes: alone and settled (its digests
+            # hold their tails, see Bucket.close), it is its own window, read as
+            # a merge of it alone would read.
+            alone = len(closed) == 1 and all(s.settled for s in closed[0].digests.values())
             merged = closed[0] if alone else Bucket.combine(closed, mc, exact)
             cached = self._closed_cache[key] = merged
         return Bucket.combine([cached, *live], mc, exact) if live else cached

@@ -204,3 +204,16 @@ def test_quantiles_of_many_sketches_are_each_sketchs_own_to_the_bit() -> None:
 def test_quantiles_of_many_refuse_an_empty_sketch() -> None:
     with pytest.raises(ValueError, match="empty sketch"):
         quantiles_many([Sketch.of([1.0]), Sketch()], QUANTILES)
+
+
+@pytest.mark.parametrize("n", [EXACT_LIMIT, EXACT_LIMIT + 1, 1_500, 5_000])
+def test_a_compacted_sketch_reads_as_before_and_holds_no_tail(n: int) -> None:
+    sketch = Sketch.of(np.random.default_rng(n).lognormal(3.5, 0.4, n))
+    before = sketch.quantiles(QUANTILES)
+    settled_before = sketch.settled
+    sketch.compact()
+    assert sketch.settled and sketch.n_values == n
+    # Exact sketches, and digests whose values fill whole chunks, have nothing to fold.
+    assert settled_before == (sketch.exact or n % 1024 == 0)
+    assert sketch.quantiles(QUANTILES) == before  # what a read folded in, to the bit
+    assert Sketch.combine([sketch], 1000).quantiles(QUANTILES) == before

@@ -619,3 +619,26 @@ def test_a_minute_read_alone_is_exact_even_when_stored_as_a_digest(
     got = summarize(window, WINDOWS["1m"], ring.thresholds).latency["itl_ms"]
     for name, q in (("p50", 0.5), ("p99", 0.99), ("p999", 0.999)):
         assert got[name] == pytest.approx(float(np.quantile(values, q)), rel=1e-12)
+
+
+def test_a_closed_minute_read_alone_is_its_own_window_with_the_reads_of_a_merge(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    windows = make_windows()
+    # 40 requests of 20 gaps: 800 ITL values, past the exact limit (a digest with a tail).
+    events = [
+        make_event(minute(t0, 0, s), itl_ms=[30.0 + (s * 7 + k) % 11 for k in range(20)])
+        for s in range(40)
+    ]
+    windows.add(events)
+    itl = windows.fine[t0].digests["itl_ms"]
+    assert not itl.exact and not itl.settled
+    merged_open = windows.window(WINDOWS["1m"], minute(t0, 1))  # merged while open
+    expected = merged_open.digests["itl_ms"].quantiles([0.5, 0.95, 0.99])
+    windows.add([make_event(minute(t0, 5))])  # closes the minute
+    closed = windows.fine[t0]
+    assert closed.ids is None and all(s.settled for s in closed.digests.values())
+    for name in ("1m", "5m"):
+        read = windows.window(WINDOWS[name], minute(t0, 1))
+        assert read is closed
+        assert read.digests["itl_ms"].quantiles([0.5, 0.95, 0.99]) == expected

@@ -162,6 +162,7 @@ def register_ingest(
         taken: set[tuple[int, int]] = set()
         await decode_all(events, now, batch, taken)
         stats.events_valid += len(batch)
+        stats.batches += 1
         # Forwarding and the fan-out need no state: they run before the folder's
         # lock is taken, so the SLI agent folds meanwhile.
         here = await dispatch(batch, placed) if len(batch) else {}

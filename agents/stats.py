@@ -14,6 +14,8 @@ class WorkerStats:
     """What one worker has processed since it started."""
 
     messages: int = 0
+    #: Ingest batches taken (``valid / batches``: the requests a fold takes at once).
+    batches: int = 0
     #: Input messages in the columnar form (the others are rows: JSON objects).
     messages_columnar: int = 0
     events_valid: int = 0
@@ -44,7 +46,7 @@ class WorkerStats:
         """One log line."""
         dl = sum(self.deadletters.values())
         return (
-            f"messages={self.messages} columnar={self.messages_columnar} "
+            f"messages={self.messages} batches={self.batches} columnar={self.messages_columnar} "
             f"valid={self.events_valid} applied={self.events_applied} "
             f"late={self.late} duplicates={self.duplicates} replayed={self.replayed} "
             f"deadletters={dl} snapshots={self.snapshots} checkpoints={self.checkpoints} "

@@ -79,7 +79,7 @@ negative when the budget is overspent.
 import functools
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Literal
 
@@ -263,6 +263,11 @@ class BurnPolicy:
     period_ms: int = SLO_PERIOD_MS
     #: The window budget_remaining is projected from when no longer one is passed.
     budget_window: str = "3d"
+    #: The hash, worked out once (see :class:`SloSpec`).
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __post_init__(self) -> None:
         if not self.rules:
@@ -277,6 +282,8 @@ class BurnPolicy:
             msg = f"period_ms must be > 0, got {self.period_ms}"
             raise ConfigError(msg)
         window_ms(self.budget_window)
+        compared = tuple(getattr(self, f.name) for f in fields(self) if f.compare)
+        object.__setattr__(self, "_hash", hash(compared))
 
     @property
     def windows(self) -> Mapping[str, int]:

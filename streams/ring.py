@@ -115,6 +115,9 @@ class SeriesRing:
         self._applied_floor: dict[int, int] = {}
         #: Cached :meth:`_ordered` (None: recompute).
         self._order: tuple[list[int], list[int]] | None = None
+        #: :meth:`_tiers` per (window, end), while the held buckets stay the same
+        #: and until :meth:`release_window_cache` (a close reads a dozen windows).
+        self._tiers_memo: dict[tuple[int, int], tuple[list[Bucket], list[Bucket]]] = {}
         #: Cached :meth:`_due` (``_STALE``: recompute).
         self._due_ms: int | object | None = _STALE
 
@@ -298,6 +301,7 @@ class SeriesRing:
         until a bucket is added or dropped)."""
         if self._order is None:
             self._order = (sorted(self.fine), sorted(self.coarse))
+            self._tiers_memo.clear()
         return self._order
 
     def _parts(self, window_ms: int, end_ms: int | None) -> list[Bucket]:
@@ -310,6 +314,10 @@ class SeriesRing:
         end = self.default_end() if end_ms is None else end_ms
         if end is None:
             return [], []
+        minutes, hours = self._ordered()
+        memo = self._tiers_memo.get((window_ms, end))
+        if memo is not None:
+            return memo
         cfg = self.config
         start = end - window_ms
         rollup = cfg.rollup_ms
@@ -318,7 +326,6 @@ class SeriesRing:
         # the watermark ran ahead (batching). Using only these keeps every
         # window a function of the events alone.
         horizon = end - (cfg.fine_retention_ms - cfg.allowed_lateness_ms - cfg.bucket_ms)
-        minutes, hours = self._ordered()
         used = hours[bisect_left(hours, start) : bisect_right(hours, end - rollup)]
         lo, hi = bisect_left(minutes, start), bisect_left(minutes, end)
         fine: list[Bucket] = []
@@ -343,7 +350,9 @@ class SeriesRing:
                 take(at, cut)
                 at = bisect_left(minutes, hour + rollup, cut, hi)
         take(at, hi)
-        return [self.coarse[hour] for hour in used], fine
+        tiers = [self.coarse[hour] for hour in used], fine
+        self._tiers_memo[(window_ms, end)] = tiers
+        return tiers
 
     def window(self, window_ms: int, end_ms: int | None = None) -> Bucket:
         """Merged bucket (counters, digests, exemplars) of ``[end − W, end)``.
@@ -389,6 +398,7 @@ class SeriesRing:
         """
         self._closed_cache.clear()
         self._counter_cache.clear()
+        self._tiers_memo.clear()
 
     def exemplars(self, window_ms: int, end_ms: int | None = None, k: int = 5) -> list[str]:
         """Trace ids of the ``k`` slowest requests (by E2E) of a window, slowest first."""

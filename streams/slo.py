@@ -12,7 +12,8 @@ import functools
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from tailguard.streams.errors import ConfigError
 from tailguard.streams.selector import Selector
@@ -56,6 +57,11 @@ def window_ms(name: str) -> int:
 # ------------------------------------------------------------------ the SLO
 
 
+def _compared(obj: Any) -> tuple[Any, ...]:
+    """The values a dataclass's equality compares, in field order."""
+    return tuple(getattr(obj, f.name) for f in fields(obj) if f.compare)
+
+
 @dataclass(frozen=True, slots=True)
 class SloSpec:
     """One objective: ``target`` of the events of ``sli`` are good over ``window_ms``.
@@ -83,6 +89,12 @@ class SloSpec:
     description: str = ""
     #: Where the definition came from (``file:line``), for messages; not part of equality.
     source: str = field(default="", compare=False)
+    #: The hash, worked out once: a minute's close looks every SLO of a series up
+    #: in caches keyed by it, and a dataclass would hash every field each time.
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __post_init__(self) -> None:
         where = f"SLO {self.name!r}" + (f" ({self.source})" if self.source else "")
@@ -123,6 +135,7 @@ class SloSpec:
         if self.op not in ("lte", "lt"):
             msg = f"{where}: op must be 'lte' or 'lt', got {self.op!r}"
             raise ConfigError(msg)
+        object.__setattr__(self, "_hash", hash(_compared(self)))
 
     @property
     def budget(self) -> float:

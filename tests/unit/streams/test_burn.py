@@ -607,3 +607,18 @@ def test_a_quiet_series_is_judged_from_its_short_windows_alone(
     assert not fires(SUCCESS, policy, window_counters(ring, policy, t0 + 30 * MINUTE_MS))  # type: ignore[arg-type]
     shorts = {window_ms(rule.short) for rule in policy.rules}
     assert set(ring.summed) == shorts
+
+
+def test_equal_slos_and_policies_hash_alike_and_a_changed_one_does_not() -> None:
+    import dataclasses
+
+    from tailguard.streams.burn import BurnPolicy
+    from tailguard.streams.slo import SloSpec
+
+    a = SloSpec(name="ttft", sli="ttft_ms", target=0.99, ttft_ms=500.0)
+    same = SloSpec(name="ttft", sli="ttft_ms", target=0.99, ttft_ms=500.0, source="slos.yaml:3")
+    assert a == same and hash(a) == hash(same)  # where it came from is not compared
+    tighter = dataclasses.replace(a, target=0.999)
+    assert tighter != a and hash(tighter) != hash(a)
+    assert hash(BurnPolicy()) == hash(BurnPolicy())
+    assert hash(BurnPolicy(min_long_events=5)) != hash(BurnPolicy())

@@ -44,3 +44,25 @@ def test_a_window_holds_the_buckets_a_minute_by_minute_check_finds(
     want_hours, want_minutes = every_minute_checked(ring, window_min * MINUTE, end)
     assert [b.start_ms for b in got_hours] == want_hours
     assert [b.start_ms for b in got_minutes] == want_minutes
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    minutes=st.lists(st.integers(0, 6 * 60), min_size=1, max_size=40),
+    window_min=st.sampled_from([1, 5, 60, 360]),
+    end_min=st.integers(0, 7 * 60),
+)
+def test_a_remembered_window_follows_the_buckets_as_they_come(
+    minutes: list[int], window_min: int, end_min: int
+) -> None:
+    """Buckets made one by one (as events open them), each window read between:
+    what is remembered of a read never hides a bucket made since."""
+    ring = SeriesRing(RingConfig())
+    end = end_min * MINUTE
+    for m in minutes:
+        if m * MINUTE not in ring.fine:
+            ring._new_fine(m * MINUTE)
+        got_hours, got_minutes = ring._tiers(window_min * MINUTE, end)
+        want_hours, want_minutes = every_minute_checked(ring, window_min * MINUTE, end)
+        assert [b.start_ms for b in got_hours] == want_hours
+        assert [b.start_ms for b in got_minutes] == want_minutes

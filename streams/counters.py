@@ -5,6 +5,7 @@ sum of its buckets' (:func:`~tailguard.streams.bucket.sum_counters`).
 """
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from tailguard.streams.attribution import FACTORS
 
@@ -13,6 +14,8 @@ __all__ = ["Counters"]
 _FACTOR_FIELDS = [
     (f"f{i}_n", f"f{i}_bad", f"f{i}_ttft_n", f"f{i}_ttft_us") for i in range(len(FACTORS))
 ]
+#: The four counts of each cause flag, read at once.
+_FACTOR_ROWS = [attrgetter(*names) for names in _FACTOR_FIELDS]
 
 
 @dataclass(slots=True)
@@ -133,7 +136,7 @@ class Counters:
         self.f2_ttft_us += v23
 
     def as_list(self) -> list[int]:
-        return [getattr(self, name) for name in self.__slots__]
+        return list(_ALL(self))
 
     @classmethod
     def from_list(cls, values: list[int]) -> "Counters":
@@ -148,5 +151,9 @@ class Counters:
 
     def factor_row(self, i: int) -> tuple[int, int, int, int]:
         """``(n, bad, ttft_n, ttft_us)`` of cause flag ``i``."""
-        n, bad, ttft_n, ttft_us = (getattr(self, name) for name in _FACTOR_FIELDS[i])
-        return n, bad, ttft_n, ttft_us
+        row: tuple[int, int, int, int] = _FACTOR_ROWS[i](self)
+        return row
+
+
+#: Every count in field order (what :meth:`Counters.as_list` gives).
+_ALL = attrgetter(*Counters.__slots__)

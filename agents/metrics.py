@@ -101,6 +101,14 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "tailguard_close_seconds",
         "Wall time spent closing minutes (final snapshots, SLO and silent evaluations).",
     ),
+    "gc_seconds": (
+        "tailguard_gc_seconds",
+        "Time the cyclic garbage collector ran (it holds the interpreter lock meanwhile).",
+    ),
+    "batches": (
+        "tailguard_ingest_batches",
+        "Ingest batches taken (valid events / batches: a fold's size).",
+    ),
     "internal_errors": ("tailguard_internal_errors", "Undecodable internal records skipped."),
     "redelivered": ("tailguard_input_redelivered", "Input messages delivered again."),
 }

@@ -141,7 +141,9 @@ def test_long_label_values_are_cut() -> None:
 
 
 def test_worker_counters_dead_letters_and_lag_are_exported() -> None:
-    stats = WorkerStats(messages=3, events_valid=600, events_applied=590, late=10)
+    stats = WorkerStats(
+        messages=3, events_valid=600, events_applied=590, late=10, batches=2, gc_seconds=0.25
+    )
     stats.deadletters["malformed_json"] += 2
     t = Telemetry(stats=stats)
     lag = [
@@ -156,6 +158,8 @@ def test_worker_counters_dead_letters_and_lag_are_exported() -> None:
     fams = families(t, lag)
     assert fams["tailguard_events_processed"].samples[0].value == 590
     assert fams["tailguard_events_late"].samples[0].value == 10
+    assert fams["tailguard_ingest_batches"].samples[0].value == 2
+    assert fams["tailguard_gc_seconds"].samples[0].value == 0.25
     (dead,) = fams["tailguard_deadletters"].samples
     assert dead.labels == {"reason": "malformed_json"} and dead.value == 2
     (lagged,) = fams["tailguard_consumer_lag_messages"].samples

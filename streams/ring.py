@@ -37,7 +37,6 @@ per bucket, so that a batch rewrites only the buckets it touched
 """
 
 import heapq
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from typing import Self
 
@@ -50,6 +49,7 @@ from tailguard.streams.digest import READ_EXACT_LIMIT
 from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.sli import Thresholds
 from tailguard.streams.window_config import COARSE, FINE, WM_HISTORY, Changes, RingConfig
+from tailguard.streams.window_span import window_starts
 
 __all__ = ["SeriesRing", "met_watermark"]
 
@@ -318,39 +318,8 @@ class SeriesRing:
         memo = self._tiers_memo.get((window_ms, end))
         if memo is not None:
             return memo
-        cfg = self.config
-        start = end - window_ms
-        rollup = cfg.rollup_ms
-        # Minute buckets this recent are always still held when a window ending
-        # at ``end`` is read; older ones may or may not be, depending on how far
-        # the watermark ran ahead (batching). Using only these keeps every
-        # window a function of the events alone.
-        horizon = end - (cfg.fine_retention_ms - cfg.allowed_lateness_ms - cfg.bucket_ms)
-        used = hours[bisect_left(hours, start) : bisect_right(hours, end - rollup)]
-        lo, hi = bisect_left(minutes, start), bisect_left(minutes, end)
-        fine: list[Bucket] = []
-
-        def take(a: int, b: int) -> None:  # minutes[a:b], none in a used hour
-            for s in minutes[a:b]:
-                hour = s - s % rollup
-                # A whole hour not rolled up yet still has all its minutes (pruning
-                # only follows roll-up); a partial hour counts only its recent minutes.
-                if (hour >= start and hour + rollup <= end) or s >= horizon:
-                    fine.append(self.fine[s])
-
-        # The minutes of a used hour are in its hour bucket: skip each such run by
-        # bisection (over days, most minutes of a window are), only the hours
-        # that overlap the held minutes.
-        at = lo
-        if lo < hi:
-            for hour in used[bisect_right(used, minutes[lo] - rollup) :]:
-                if hour > minutes[hi - 1]:
-                    break
-                cut = bisect_left(minutes, hour, at, hi)
-                take(at, cut)
-                at = bisect_left(minutes, hour + rollup, cut, hi)
-        take(at, hi)
-        tiers = [self.coarse[hour] for hour in used], fine
+        used, fine = window_starts(minutes, hours, self.config, window_ms, end)
+        tiers = [self.coarse[h] for h in used], [self.fine[m] for m in fine]
         self._tiers_memo[(window_ms, end)] = tiers
         return tiers
 

@@ -25,6 +25,10 @@ as bytes of :mod:`tailguard.streams.capacity_state`::
                              (written only when a load interval closed)
     E␟service|model          expert breakers and recent expert traffic
     R␟service|model␟index    one RAG index: similarity window and threshold
+    O␟service|model␟n        segment n: E2E values added to the open load
+                             intervals since the segment before (deleted once
+                             its intervals closed, or once a segment holding
+                             every open value replaced it)
 
 A message holds the requests of one ingest batch for the deployments of one
 partition (a deployment always hashes to the same one), as columns per
@@ -88,6 +92,8 @@ from tailguard.streams.capacity_state import (
     encode_experts,
     encode_knee,
     encode_rag,
+    restore_segments,
+    segment_changes,
 )
 from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.input_marks import unapplied
@@ -146,6 +152,11 @@ def _event_id(*parts: object) -> str:
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:32]
 
 
+def _segment_key(key: str, number: int) -> bytes:
+    """Table key of segment ``number`` of deployment ``key`` (service|model)."""
+    return f"O{_SEP}{key}{_SEP}{number}".encode()
+
+
 def _direction(change: dict[str, Any]) -> str:
     """How a RAG similarity threshold moved."""
     previous = change["previous"]
@@ -188,6 +199,13 @@ def register_capacity(
         cstats.corrupt_states += 1
         app.log.error("tailguard: capacity state %r discarded: %s", key, exc)
 
+    def segment(key: str, number: int) -> bytes:
+        raw = table.get(_segment_key(key, number))
+        if raw is None:
+            msg = f"segment {number} of the open intervals is missing"
+            raise CorruptStateError(msg)
+        return raw  # type: ignore[no-any-return]
+
     def load(key: str, service: str, model: str) -> Deployment:
         """The deployment from memory, else from the table, else new."""
         dep = deployments.get(key)
@@ -198,13 +216,15 @@ def register_capacity(
         raw = table.get(ckey)
         if raw is not None:
             try:
-                dep.core = decode_core(
+                core = decode_core(
                     raw,
                     interval_ms=tune.interval_ms,
                     grace_ms=tune.grace_ms,
                     knee=tune.knee,
                     warmup_after=tune.warmup_after,
                 )
+                restore_segments(core, [segment(key, n) for n, _ in core.segments])
+                dep.core = core
                 cstats.restored += 1
             except CorruptStateError as exc:
                 corrupt(ckey, exc)
@@ -244,8 +264,14 @@ def register_capacity(
         return tracker
 
     def save(dep: Deployment, offset: int) -> None:
-        """Write what changed: breakers and indexes first, the core (with ``offset``) last."""
+        """Write what changed: the new values of the open intervals (a segment),
+        breakers and indexes first, the core (with ``offset``) last, then delete
+        the segments whose intervals have all closed."""
         key = f"{dep.service}|{dep.model}"
+        segment, done = segment_changes(dep.core)
+        if segment is not None:
+            number, data = segment
+            table[_segment_key(key, number)] = data
         if dep.experts_dirty:
             table[f"E{_SEP}{key}".encode()] = encode_experts(dep.experts)
             dep.experts_dirty = False
@@ -257,6 +283,9 @@ def register_capacity(
             dep.knee_dirty = False
         dep.core.offset = offset
         table[f"C{_SEP}{key}".encode()] = encode_core(dep.core, history=False)
+        for number in done:
+            # A crash before this leaves the segment behind, listed by no core.
+            table.pop(_segment_key(key, number), None)
 
     async def forward(groups: list[Group]) -> None:
         """Forward each deployment's requests of one ingest batch (and their input positions)."""

@@ -91,6 +91,9 @@ HOLD = "hold"
 class _Open:
     e2e: list[float] = field(default_factory=list)
     tokens: int = 0
+    #: The first ``saved`` values of ``e2e`` are stored already, in segments
+    #: (:func:`~tailguard.streams.capacity_state.take_segment`).
+    saved: int = 0
 
 
 @dataclass(slots=True)

@@ -39,6 +39,7 @@ from tailguard.streams.knee import Knee, KneeConfig, KneeTracker, LoadSample, fi
 from tailguard.streams.rag import RagConfig, RagThreshold
 
 __all__ = [
+    "MAX_SEGMENTS",
     "CoreState",
     "decode_core",
     "decode_experts",
@@ -48,6 +49,8 @@ __all__ = [
     "encode_experts",
     "encode_knee",
     "encode_rag",
+    "restore_segments",
+    "segment_changes",
 ]
 
 _VERSION = 1
@@ -68,6 +71,11 @@ class CoreState:
     offset: int = -1
     #: Newest input position applied per input partition (replays of the ingest).
     applied: Marks = field(default_factory=dict)
+    #: Segments holding the open intervals' values: ``(number, newest interval
+    #: start it holds)``, oldest first.
+    segments: list[tuple[int, int]] = field(default_factory=list)
+    #: Number of the next segment.
+    next_segment: int = 0
 
 
 #: A confirmed-candidate knee: concurrency, P95, tokens/s, samples, bins, interval.
@@ -98,6 +106,15 @@ class _CoreWire(msgspec.Struct, array_like=True):
     #: ``(input partition, offset, row index)``: the marks (absent in older state,
     #: which restores with none: a replay of the ingest then counts its rows again).
     applied: list[tuple[int, int, int]] = []
+    #: The segments listed (absent in older state, whose ``open`` holds every value).
+    segments: list[tuple[int, int]] = []
+    next_segment: int = 0
+
+
+class _SegmentWire(msgspec.Struct, array_like=True):
+    version: int
+    #: ``(interval start, the E2E values added to it)``.
+    values: list[tuple[int, list[float]]]
 
 
 class _KneeWire(msgspec.Struct, array_like=True):
@@ -134,6 +151,7 @@ _core_decoder = msgspec.msgpack.Decoder(_CoreWire)
 _experts_decoder = msgspec.msgpack.Decoder(_ExpertsWire)
 _knee_decoder = msgspec.msgpack.Decoder(_KneeWire)
 _rag_decoder = msgspec.msgpack.Decoder(_RagWire)
+_segment_decoder = msgspec.msgpack.Decoder(_SegmentWire)
 
 
 def _decode(decoder: "msgspec.msgpack.Decoder[_W]", data: bytes, what: str) -> _W:
@@ -164,7 +182,10 @@ def encode_core(core: CoreState, *, history: bool = True) -> bytes:
     load, knee, scale, warm = core.load, core.knee, core.scale, core.warmup
     wire = _CoreWire(
         version=_VERSION,
-        open=[(start, slot.e2e, slot.tokens) for start, slot in sorted(load.open.items())],
+        open=[
+            (start, slot.e2e[slot.saved :], slot.tokens)
+            for start, slot in sorted(load.open.items())
+        ],
         closed_through=load.closed_through,
         late=load.late,
         samples=_samples(knee) if history else [],
@@ -182,6 +203,8 @@ def encode_core(core: CoreState, *, history: bool = True) -> bytes:
         offset=core.offset,
         knee_recent=_recent(knee) if history else [],
         applied=[(part, offset, index) for part, (offset, index) in sorted(core.applied.items())],
+        segments=list(core.segments),
+        next_segment=core.next_segment,
     )
     return msgspec.msgpack.encode(wire)
 
@@ -257,6 +280,8 @@ def decode_core(
         w.last_hold,
         w.offset,
         {part: (offset, index) for part, offset, index in w.applied},
+        [(seq, newest) for seq, newest in w.segments],
+        w.next_segment,
     )
 
 
@@ -298,3 +323,62 @@ def decode_rag(data: bytes, config: RagConfig) -> RagThreshold:
     w = _decode(_rag_decoder, data, "rag")
     values = deque(w.values[-config.window :])
     return RagThreshold(config, values, w.published, w.pending, w.direction)
+
+
+# --- segments: the open intervals' values, each stored once -------------------
+
+
+#: Segments a core lists at most: past it, the next segment holds every value of
+#: the open intervals and replaces them (an interval of a busy deployment sees
+#: hundreds of messages; each value is then rewritten a few times, not hundreds).
+MAX_SEGMENTS = 32
+
+
+def segment_changes(core: CoreState) -> tuple[tuple[int, bytes] | None, list[int]]:
+    """What a save of ``core`` writes of its open intervals' values: the next segment
+    ``(number, bytes)`` to write before the core (None: nothing new), and the
+    segments to delete after it (their intervals all closed, or replaced by the new
+    segment). ``core`` then lists its segments as the new core record must.
+
+    A segment holds each value once and the core only what no segment does, so
+    saving after every message no longer rewrites every value of an open
+    interval (an interval of a busy deployment holds thousands, and a message
+    touches tens of deployments).
+    """
+    through = core.load.closed_through
+    done = [number for number, newest in core.segments if newest <= through]
+    listed = [(number, newest) for number, newest in core.segments if newest > through]
+    whole = len(listed) >= MAX_SEGMENTS
+    if whole:
+        done += [number for number, _ in listed]
+        listed = []
+    values = [
+        (start, slot.e2e if whole else slot.e2e[slot.saved :])
+        for start, slot in sorted(core.load.open.items())
+        if len(slot.e2e) > (0 if whole else slot.saved)
+    ]
+    core.segments = listed
+    if not values:
+        return None, done
+    for start, _ in values:
+        slot = core.load.open[start]
+        slot.saved = len(slot.e2e)
+    number = core.next_segment
+    core.next_segment += 1
+    core.segments.append((number, values[-1][0]))
+    return (number, msgspec.msgpack.encode(_SegmentWire(_VERSION, values))), done
+
+
+def restore_segments(core: CoreState, segments: list[bytes]) -> None:
+    """Put the values of ``core``'s segments (their bytes, in its order) back in front
+    of the open intervals' own, as they were added; an interval closed since holds
+    none. :class:`CorruptStateError` for bytes that do not decode."""
+    front: dict[int, list[float]] = {}
+    for data in segments:
+        for start, values in _decode(_segment_decoder, data, "segment").values:
+            if start in core.load.open:
+                front.setdefault(start, []).extend(values)
+    for start, values in front.items():
+        slot = core.load.open[start]
+        slot.e2e = values + slot.e2e
+        slot.saved = len(values)

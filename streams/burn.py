@@ -79,7 +79,7 @@ negative when the budget is overspent.
 import functools
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
@@ -93,6 +93,7 @@ from tailguard.streams.slo import (
     SLO_PERIOD_MS,
     SloSpec,
     applicable,
+    compared_values,
     thresholds_for,
     window_ms,
 )
@@ -282,8 +283,7 @@ class BurnPolicy:
             msg = f"period_ms must be > 0, got {self.period_ms}"
             raise ConfigError(msg)
         window_ms(self.budget_window)
-        compared = tuple(getattr(self, f.name) for f in fields(self) if f.compare)
-        object.__setattr__(self, "_hash", hash(compared))
+        object.__setattr__(self, "_hash", hash(compared_values(self)))
 
     @property
     def windows(self) -> Mapping[str, int]:

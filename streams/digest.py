@@ -231,11 +231,7 @@ class Sketch:
         :meth:`_digest_view`). Exact sketches are left as they are."""
         if self._digest is None or not self._tail.size:
             return
-        tail = TDigest.from_values(self._tail, max_centroids=self.max_centroids)
-        if self._digest.is_empty():
-            self._digest = tail
-        else:
-            self._digest.merge_inplace(tail)
+        self._digest = self._digest_view()  # the same fold a read makes, kept
         self._tail = _EMPTY
         self._view = None
 

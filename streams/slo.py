@@ -25,6 +25,7 @@ __all__ = [
     "SLO_PERIOD_MS",
     "SloSpec",
     "applicable",
+    "compared_values",
     "thresholds_for",
     "window_ms",
 ]
@@ -57,7 +58,7 @@ def window_ms(name: str) -> int:
 # ------------------------------------------------------------------ the SLO
 
 
-def _compared(obj: Any) -> tuple[Any, ...]:
+def compared_values(obj: Any) -> tuple[Any, ...]:
     """The values a dataclass's equality compares, in field order."""
     return tuple(getattr(obj, f.name) for f in fields(obj) if f.compare)
 
@@ -135,7 +136,7 @@ class SloSpec:
         if self.op not in ("lte", "lt"):
             msg = f"{where}: op must be 'lte' or 'lt', got {self.op!r}"
             raise ConfigError(msg)
-        object.__setattr__(self, "_hash", hash(_compared(self)))
+        object.__setattr__(self, "_hash", hash(compared_values(self)))
 
     @property
     def budget(self) -> float:

@@ -298,25 +298,6 @@ def _channel_bytes(app: Any) -> tuple[int, float]:
     return n, size / _MIB
 
 
-def _series_stores(app: Any) -> list[Any]:
-    """The SLI agents' series stores, found in the agent functions' closures (the
-    worker freezes its startup heap, which hides it from ``gc.get_objects``)."""
-    from tailguard.agents.state import SeriesStore
-
-    found: dict[int, Any] = {}
-    todo = [(agent.fun, 0) for agent in list(app.agents.values())]
-    while todo:
-        fun, depth = todo.pop()
-        for cell in getattr(fun, "__closure__", None) or ():
-            with contextlib.suppress(ValueError):
-                value = cell.cell_contents
-                if isinstance(value, SeriesStore):
-                    found[id(value)] = value
-                elif callable(value) and depth < 2:
-                    todo.append((value, depth + 1))
-    return list(found.values())
-
-
 def _probe(app: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"rss": proc_memory()}
     mem = cache = readers = 0
@@ -339,27 +320,27 @@ def _probe(app: Any) -> dict[str, Any]:
     return out
 
 
-def _probe_loop(path: Path, every_s: float) -> None:
-    import faust
-
-    app = None
+def _probe_loop(path: Path, every_s: float, found: dict[str, Any]) -> None:
+    """Every ``every_s``: a memory record of the worker whose pipeline ``found`` holds
+    (set when the worker builds it); every 10 s its series parts too (a walk of
+    every series, under the GIL: rarely)."""
     peak = 0.0
     last_series = 0.0
     series: dict[str, Any] = {}
     while True:
         time.sleep(every_s)
+        pipeline = found.get("pipeline")
+        if pipeline is None:
+            continue
         try:
-            if app is None:
-                app = next((o for o in gc.get_objects() if isinstance(o, faust.App)), None)
-                continue
+            app = pipeline.app
             if getattr(app, "should_stop", False):
                 return  # the stores are closing: leave them alone
             sample = _probe(app)
             now = time.monotonic()
-            if now - last_series > 10:  # walking every series is slow: now and then
+            if now - last_series > 10:
                 last_series = now
-                stores = _series_stores(app)
-                states = [c.state for st in stores for _, c in st.items()]
+                states = [c.state for _, c in pipeline.store.items()]
                 series = {"count": len(states), **_parts(states)}
             sample["series"] = series
             if sample["rss"]["VmRSS"] >= peak:
@@ -374,11 +355,24 @@ def probe_worker(argv: list[str]) -> None:
 
     The record (RocksDB counters, faust stream buffers, glibc free heap, series
     parts) is written to ``BENCH_PROBE_OUT`` each time RSS reaches a new high.
+    The worker's pipeline is handed to the probe as it is built (the worker then
+    freezes its start-up heap, which hides it from ``gc.get_objects``; searching
+    the heap for it every second held the GIL for a fifth of the worker's time).
     """
     import os
 
+    from tailguard.agents import worker
+
+    found: dict[str, Any] = {}
+    build = worker.build
+
+    def build_and_note(settings: Any) -> Any:
+        found["pipeline"] = pipeline = build(settings)
+        return pipeline
+
+    worker.build = build_and_note
     path = Path(os.environ["BENCH_PROBE_OUT"])
-    threading.Thread(target=_probe_loop, args=(path, 1.0), daemon=True).start()
+    threading.Thread(target=_probe_loop, args=(path, 1.0, found), daemon=True).start()
     from tailguard.cli import main as cli_main
 
     sys.argv = ["tailguard", *argv]

@@ -327,8 +327,8 @@ def _probe(app: Any) -> dict[str, Any]:
 
 def _probe_loop(path: Path, every_s: float, found: dict[str, Any]) -> None:
     """Every ``every_s``: a memory record of the worker whose pipeline ``found`` holds
-    (set when the worker builds it); every 10 s its series parts too (a walk of
-    every series, under the GIL: rarely)."""
+    (set when the worker builds it); every 10 s from then on its series parts too
+    (a walk of every series, under the GIL: rarely)."""
     peak = 0.0
     last_series = 0.0
     series: dict[str, Any] = {}
@@ -343,7 +343,9 @@ def _probe_loop(path: Path, every_s: float, found: dict[str, Any]) -> None:
                 return  # the stores are closing: leave them alone
             sample = _probe(app)
             now = time.monotonic()
-            if now - last_series > 10:
+            if not last_series:
+                last_series = now  # the first walk 10 s in, once there are series
+            elif now - last_series > 10:
                 last_series = now
                 states = [c.state for _, c in pipeline.store.items()]
                 series = {"count": len(states), **_parts(states)}

@@ -312,12 +312,13 @@ class SeriesFolder:
         self, series: Series, state: SeriesWindows, end_ms: int, *, final: bool
     ) -> list[Read]:
         """The windows of ``series`` to publish for ``end_ms``, merged now (what a
-        final read sees must not depend on how far the watermark goes on)."""
-        return [
-            (series, state, window, end_ms, state.window(WINDOWS[window], end_ms))
-            for window in self.settings.sli_windows
-            if not (final and end_ms % final_cadence_ms(window))
+        final read sees must not depend on how far the watermark goes on);
+        windows holding the same buckets share one merge, summarised once."""
+        names = [
+            w for w in self.settings.sli_windows if not (final and end_ms % final_cadence_ms(w))
         ]
+        merged = state.windows([WINDOWS[window] for window in names], end_ms)
+        return [(series, state, w, end_ms, b) for w, b in zip(names, merged, strict=True)]
 
     def snapshots(self, reads: list[Read], *, final: bool) -> Outgoing:
         """The snapshots of ``reads``, summarised together and framed."""

@@ -37,7 +37,7 @@ per bucket, so that a batch rewrites only the buckets it touched
 """
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Self
 
 import msgspec
@@ -357,6 +357,22 @@ class SeriesRing:
             merged = closed[0] if alone else Bucket.combine(closed, mc, exact)
             cached = self._closed_cache[key] = merged
         return Bucket.combine([cached, *live], mc, exact) if live else cached
+
+    def windows(self, windows_ms: Sequence[int], end_ms: int) -> list[Bucket]:
+        """:meth:`window` of each of ``windows_ms``, all ending at ``end_ms``: windows
+        holding the same buckets share one merged bucket (a young or sparse
+        series' 1m, 5m and 1h windows often do, open minute included), so a
+        reader summarising them by bucket does it once."""
+        out: list[Bucket] = []
+        seen: dict[tuple[int, ...], Bucket] = {}
+        for window_ms in windows_ms:
+            hours, minutes = self._tiers(window_ms, end_ms)
+            key = (*map(id, hours), -1, *map(id, minutes))
+            merged = seen.get(key)
+            if merged is None:
+                merged = seen[key] = self.window(window_ms, end_ms)
+            out.append(merged)
+        return out
 
     def release_window_cache(self) -> None:
         """Forget the merged closed parts :meth:`window` keeps.

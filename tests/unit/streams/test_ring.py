@@ -642,3 +642,23 @@ def test_a_closed_minute_read_alone_is_its_own_window_with_the_reads_of_a_merge(
         read = windows.window(WINDOWS[name], minute(t0, 1))
         assert read is closed
         assert read.digests["itl_ms"].quantiles([0.5, 0.95, 0.99]) == expected
+
+
+def test_windows_holding_the_same_buckets_share_one_merge_that_reads_as_each_window(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    windows = make_windows()
+    for m in range(3):  # three minutes, the last one still open
+        windows.add([make_event(minute(t0, m, s), e2e_ms=100.0 + 10 * m + s) for s in range(20)])
+    end = minute(t0, 3)
+    names = ("1m", "5m", "1h")
+    shared = windows.windows([WINDOWS[n] for n in names], end)
+    # 5m and 1h hold the same three minutes; 1m holds the open one alone.
+    assert shared[1] is shared[2]
+    assert shared[0] is not shared[1]
+    for name, got in zip(names, shared, strict=True):
+        alone = windows.window(WINDOWS[name], end)
+        assert got.to_bytes() == alone.to_bytes()
+        assert summarize(got, WINDOWS[name], windows.thresholds) == summarize(
+            alone, WINDOWS[name], windows.thresholds
+        )

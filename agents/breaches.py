@@ -24,7 +24,7 @@ replaying the same input yields the same breach ids and sequence.
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tailguard.agents.gpu import gpu_join
@@ -286,10 +286,14 @@ class BreachEngine:
     ) -> list[SilentTransition]:
         """Judge the short window ending at ``end_ms`` for a silent collapse; learn the minute."""
         skey, state = self._silent_state(key, cached.partition)
-        windows = cached.state
-        minute = window_stats(windows.window(_MINUTE_MS, end_ms), _MINUTE_MS)
         short_ms = self.silent.short_window_ms
-        short = window_stats(windows.window(short_ms, end_ms), short_ms)
+        minute_bucket, short_bucket = cached.state.windows([_MINUTE_MS, short_ms], end_ms)
+        minute = window_stats(minute_bucket, _MINUTE_MS)
+        short = (
+            replace(minute, window_ms=short_ms)  # a young series: the same buckets
+            if short_bucket is minute_bucket
+            else window_stats(short_bucket, short_ms)
+        )
         new, transitions = advance_silent(state, end_ms, minute, short, self.silent)
         if new is not state:
             self._states[skey] = new.to_bytes()

@@ -421,10 +421,18 @@ def fires(spec: SloSpec, policy: BurnPolicy, counters_by_window: Mapping[str, Co
     ``counters_by_window`` as for :func:`evaluate`.
     """
     allowed, rules = _rule_limits(spec, policy)
+    # Windows holding the same buckets share their counters (a young series'
+    # windows all do): each is read once.
+    # (Each entry keeps its counters alive, so an id is never reused meanwhile.)
+    rates: dict[int, tuple[Counters, float]] = {}
 
     def rate(name: str) -> float:
-        bad, total = bad_and_total(spec, counters_by_window[name])
-        return (bad / total) / allowed if total > 0 else 0.0
+        counters = counters_by_window[name]
+        found = rates.get(id(counters))
+        if found is None:
+            bad, total = bad_and_total(spec, counters)
+            found = rates[id(counters)] = (counters, (bad / total) / allowed if total > 0 else 0.0)
+        return found[1]
 
     for rule, limit in rules:
         if not (rate(rule.short) > limit and rate(rule.long) > limit):

@@ -1,5 +1,6 @@
 """Burn rates, error budgets and the multi-window, multi-burn-rate policy (SRE workbook ch. 5)."""
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -555,6 +556,23 @@ def test_fires_says_whether_the_evaluation_has_a_severity(
     # The close skips building a verdict when nothing fires: the two must agree.
     policy = BurnPolicy()
     assert fires(spec, policy, counters) == (evaluate(spec, policy, counters).severity is not None)
+
+
+@given(
+    shared=window_counts,
+    spec=st.sampled_from([TTFT, SUCCESS, COMPOSITE]),
+    same=st.lists(st.sampled_from(ALL_WINDOWS), unique=True),
+)
+def test_windows_sharing_one_counters_object_fire_as_copies_would(
+    shared: Counters, spec: SloSpec, same: list[str]
+) -> None:
+    # A young series' windows hold the same buckets: the ring hands every one of
+    # them the same Counters object, which fires reads once.
+    policy = BurnPolicy()
+    one = {name: shared if name in same else Counters() for name in ALL_WINDOWS}
+    copies = {name: dataclasses.replace(c) for name, c in one.items()}
+    assert fires(spec, policy, one) == fires(spec, policy, copies)
+    assert fires(spec, policy, one) == (evaluate(spec, policy, copies).severity is not None)
 
 
 def test_fires_on_a_paging_burn_and_not_on_a_gated_one() -> None:

@@ -328,10 +328,12 @@ def _probe(app: Any) -> dict[str, Any]:
 def _probe_loop(path: Path, every_s: float, found: dict[str, Any]) -> None:
     """Every ``every_s``: a memory record of the worker whose pipeline ``found`` holds
     (set when the worker builds it); every 10 s from then on its series parts too
-    (a walk of every series, under the GIL: rarely)."""
+    (a walk of every series, under the GIL: rarely), added to the record of the
+    peak so far when that record has none."""
     peak = 0.0
     last_series = 0.0
     series: dict[str, Any] = {}
+    record: dict[str, Any] = {}
     while True:
         time.sleep(every_s)
         pipeline = found.get("pipeline")
@@ -352,7 +354,11 @@ def _probe_loop(path: Path, every_s: float, found: dict[str, Any]) -> None:
             sample["series"] = series
             if sample["rss"]["VmRSS"] >= peak:
                 peak = sample["rss"]["VmRSS"]
-                path.write_text(json.dumps(sample))
+                record = sample
+                path.write_text(json.dumps(record))
+            elif series and not record.get("series"):
+                record["series"] = series
+                path.write_text(json.dumps(record))
         except Exception as exc:  # a probe must never stop the worker
             print(f"memory probe: {exc!r}", file=sys.stderr, flush=True)
 

@@ -422,8 +422,8 @@ def fires(spec: SloSpec, policy: BurnPolicy, counters_by_window: Mapping[str, Co
     """
     allowed, rules = _rule_limits(spec, policy)
     # Windows holding the same buckets share their counters (a young series'
-    # windows all do): each is read once.
-    # (Each entry keeps its counters alive, so an id is never reused meanwhile.)
+    # windows all do): each is read once. An entry keeps its counters alive, so
+    # no id is reused meanwhile.
     rates: dict[int, tuple[Counters, float]] = {}
 
     def rate(name: str) -> float:

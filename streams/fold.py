@@ -413,6 +413,10 @@ def _absorb_all(
         kth_pos = np.minimum(start_of + EXEMPLARS - 1, np.r_[start_of[1:], tb.size] - 1)
         kth = np.repeat(te[kth_pos], np.diff(np.r_[start_of, tb.size]))
         chosen = (rank < EXEMPLARS) | (te >= kth)
+        # Nor slower than what a bucket already keeps (most requests of a busy
+        # minute are not): its slowest EXEMPLARS, slowest first.
+        kept = [b.exemplars[-1][0] if len(b.exemplars) >= EXEMPLARS else -np.inf for b in buckets]
+        chosen &= te >= np.array(kept, dtype=np.float64)[tb]
         traces = cols.traces
         for b, e, i in zip(
             tb[chosen].tolist(), te[chosen].tolist(), src[t_idx[chosen]].tolist(), strict=True

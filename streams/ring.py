@@ -120,6 +120,8 @@ class SeriesRing:
         self._tiers_memo: dict[tuple[int, int], tuple[list[Bucket], list[Bucket]]] = {}
         #: Cached :meth:`_due` (``_STALE``: recompute).
         self._due_ms: int | object | None = _STALE
+        #: Whether a restore left buckets awaiting a refill (see :meth:`awaiting_refill`).
+        self._refilling = False
 
     def _is_fresh(self, cols: Columns) -> bool:
         """No request of ``cols`` can be a replay or comes from a partition not
@@ -141,7 +143,12 @@ class SeriesRing:
 
     def awaiting_refill(self) -> bool:
         """Some restored bucket lost its record and waits for its input to be replayed."""
-        return any(b.refill for b in self.fine.values())
+        if not self._refilling:  # only a restore makes such buckets: most rings never scan
+            return False
+        if any(b.refill for b in self.fine.values()):
+            return True
+        self._refilling = False  # those buckets were pruned
+        return False
 
     def forget_feeder(
         self, partition: int, on_close: Callable[[int], None] | None = None
@@ -203,8 +210,10 @@ class SeriesRing:
 
     def _clear_refill(self) -> None:
         # New input has arrived: replay of what was lost is over.
-        for bucket in self.fine.values():
-            bucket.refill = False
+        if self._refilling:
+            for bucket in self.fine.values():
+                bucket.refill = False
+            self._refilling = False
 
     def _touch(self, tier: str, start: int) -> None:
         self._dirty.add((tier, start))
@@ -475,6 +484,7 @@ class SeriesRing:
                 if data is None:
                     if tier == FINE:
                         store[start] = Bucket(start_ms=start, refill=True)
+                        state._refilling = True
                     elif state._rolled_through_ms is not None:
                         # Let the hour be rolled up again from its minute buckets.
                         state._rolled_through_ms = min(state._rolled_through_ms, start)

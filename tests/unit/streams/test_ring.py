@@ -436,6 +436,28 @@ def test_a_lost_bucket_record_of_an_open_bucket_is_refilled_by_replay(
     assert restored.counters(WINDOWS["1h"]) == original.counters(WINDOWS["1h"])
 
 
+def test_only_a_restore_that_lost_a_bucket_record_awaits_a_refill_until_the_replay(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    batch = [make_event(minute(t0, 1)), make_event(minute(t0, 2))]
+    positions = [(0, 1), (0, 2)]
+    original = make_windows()
+    original.add(batch, positions=positions)
+    assert not original.awaiting_refill()
+    changes = original.take_changes()
+    whole = SeriesWindows.restore(changes.meta, lambda t, s: changes.upserts.get((t, s)))
+    assert not whole.awaiting_refill()
+    store = dict(changes.upserts)
+    del store[("m", minute(t0, 1))]
+    restored = SeriesWindows.restore(changes.meta, lambda tier, start: store.get((tier, start)))
+    assert restored.awaiting_refill()
+    restored.add(batch, positions=positions)  # the replay refills it ...
+    assert restored.awaiting_refill()
+    restored.add([make_event(minute(t0, 3))], positions=[(0, 3)])  # ... until new input
+    assert not restored.awaiting_refill()
+    assert not any(b.refill for b in restored.fine.values())
+
+
 def _write(store: dict[Any, bytes], changes: Any, lose: frozenset[Any] = frozenset()) -> bytes:
     """Apply ``changes`` to ``store`` except the upserts in ``lose``; return the meta."""
     store.update({k: v for k, v in changes.upserts.items() if k not in lose})

@@ -420,9 +420,14 @@ def test_a_lost_bucket_record_is_refilled_by_replay_after_its_bucket_closed(
     assert restored.late == original.late == 0
 
 
-def test_a_lost_bucket_record_of_an_open_bucket_is_refilled_by_replay(
+Positions = list[tuple[int, int]]
+
+
+def _open_minute_lost(
     t0: int, make_event: MakeEvent, make_windows: MakeWindows
-) -> None:
+) -> tuple[list[Any], Positions, SeriesWindows, Any, SeriesWindows]:
+    """Two minutes folded, then restored without the open minute's record:
+    the batch, its positions, the original ring, its changes and the restored ring."""
     batch = [make_event(minute(t0, 1)), make_event(minute(t0, 2))]
     positions = [(0, 1), (0, 2)]
     original = make_windows()
@@ -431,6 +436,13 @@ def test_a_lost_bucket_record_of_an_open_bucket_is_refilled_by_replay(
     store = dict(changes.upserts)
     del store[("m", minute(t0, 1))]
     restored = SeriesWindows.restore(changes.meta, lambda tier, start: store.get((tier, start)))
+    return batch, positions, original, changes, restored
+
+
+def test_a_lost_bucket_record_of_an_open_bucket_is_refilled_by_replay(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    batch, positions, original, _, restored = _open_minute_lost(t0, make_event, make_windows)
     result = restored.add(batch, positions=positions)
     assert (result.accepted, result.replayed) == (1, 1)
     assert restored.counters(WINDOWS["1h"]) == original.counters(WINDOWS["1h"])
@@ -439,17 +451,10 @@ def test_a_lost_bucket_record_of_an_open_bucket_is_refilled_by_replay(
 def test_only_a_restore_that_lost_a_bucket_record_awaits_a_refill_until_the_replay(
     t0: int, make_event: MakeEvent, make_windows: MakeWindows
 ) -> None:
-    batch = [make_event(minute(t0, 1)), make_event(minute(t0, 2))]
-    positions = [(0, 1), (0, 2)]
-    original = make_windows()
-    original.add(batch, positions=positions)
+    batch, positions, original, changes, restored = _open_minute_lost(t0, make_event, make_windows)
     assert not original.awaiting_refill()
-    changes = original.take_changes()
     whole = SeriesWindows.restore(changes.meta, lambda t, s: changes.upserts.get((t, s)))
     assert not whole.awaiting_refill()
-    store = dict(changes.upserts)
-    del store[("m", minute(t0, 1))]
-    restored = SeriesWindows.restore(changes.meta, lambda tier, start: store.get((tier, start)))
     assert restored.awaiting_refill()
     restored.add(batch, positions=positions)  # the replay refills it ...
     assert restored.awaiting_refill()

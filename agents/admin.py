@@ -567,7 +567,7 @@ class AdminPlane:
             return None
         return SeriesWindows.restore(
             meta,
-            lambda tier, start: self.tables.series_buckets.get(bucket_key(key, tier, start)),
+            lambda record: self.tables.series_buckets.get(bucket_key(key, *record)),
             RingConfig(allowed_lateness_ms=self.settings.allowed_lateness_ms),
             self.book.thresholds(key),
         )

@@ -4,11 +4,15 @@ Layout (both tables are co-partitioned with ``tailguard.internal.series``)::
 
     tailguard-series   key = series key              value = SeriesWindows meta (watermark,
                                                              bucket list, applied offsets)
-    tailguard-buckets  key = series key␟tier␟start   value = one Bucket
+    tailguard-buckets  key = series key␟tier␟start   value = one Bucket, whole
+                       key = …␟start␟version        value = a segment of what an open
+                                                             bucket gained since
 
-A batch rewrites only the buckets it touched plus the small meta value, so the
-changelog carries a few KB per forwarded batch instead of a series' whole 3-day
-history (every table write is a changelog record).
+A checkpoint writes only the buckets that changed plus the small meta value,
+and of an open bucket stored before only what it gained since (a segment), so
+the changelog carries each value about once instead of a series' whole 3-day
+history, or an open minute at every checkpoint (every table write is a
+changelog record).
 
 The cache holds live :class:`SeriesWindows` objects of the partitions this
 worker owns; it is filled lazily from the tables (which faust restored from the
@@ -28,9 +32,11 @@ __all__ = ["CachedSeries", "CheckpointInterrupted", "SeriesStore", "bucket_key"]
 _SEP = "\x1f"
 
 
-def bucket_key(series: str, tier: str, start: int) -> str:
-    """Table key of one bucket of one series."""
-    return f"{series}{_SEP}{tier}{_SEP}{start}"
+def bucket_key(series: str, tier: str, start: int, version: int | None = None) -> str:
+    """Table key of one bucket record of one series: the bucket whole, or with
+    ``version`` one of its segments (``*key`` of a :data:`RecordKey`)."""
+    key = f"{series}{_SEP}{tier}{_SEP}{start}"
+    return key if version is None else f"{key}{_SEP}{version}"
 
 
 class CheckpointInterrupted(Exception):
@@ -90,7 +96,7 @@ class SeriesStore:
         else:
             state = SeriesWindows.restore(
                 meta,
-                lambda tier, start: self._buckets.get(bucket_key(series, tier, start)),
+                lambda key: self._buckets.get(bucket_key(series, *key)),
                 self._ring,
                 thresholds,
             )
@@ -104,10 +110,10 @@ class SeriesStore:
         For tests and tools; a worker checkpoints with :meth:`checkpoint`, which
         puts the producer flushes that make a restore consistent in between.
         """
-        for (tier, start), data in changes.upserts.items():
-            self._buckets[bucket_key(series, tier, start)] = data
+        for key, data in changes.upserts.items():
+            self._buckets[bucket_key(series, *key)] = data
         self._meta[series] = changes.meta
-        self._delete([bucket_key(series, tier, start) for tier, start in changes.deletes])
+        self._delete([bucket_key(series, *key) for key in changes.deletes])
 
     def _delete(self, keys: list[str]) -> None:
         for key in keys:
@@ -190,11 +196,10 @@ class SeriesStore:
                 continue
             changes = cached.state.take_changes()
             buckets.extend(
-                (bucket_key(key, tier, start), data)
-                for (tier, start), data in changes.upserts.items()
+                (bucket_key(key, *record), data) for record, data in changes.upserts.items()
             )
             metas.append((key, changes.meta))
-            pruned.extend(bucket_key(key, tier, start) for tier, start in changes.deletes)
+            pruned.extend(bucket_key(key, *record) for record in changes.deletes)
         if not metas:
             return 0
         written = [key for key, _ in metas]

@@ -142,7 +142,7 @@ def steady_states(n_series: int) -> tuple[list[Any], dict[Any, SeriesWindows]]:
     changes = template.take_changes()
     states = {
         (f"svc{i % 10}", f"m{i // 10}", "default", "default"): SeriesWindows.restore(
-            changes.meta, lambda tier, start: changes.upserts.get((tier, start))
+            changes.meta, changes.upserts.get
         )
         for i in range(n_series)
     }

@@ -200,7 +200,7 @@ def main() -> None:
                     if home[s] != part:
                         continue
                     key = "|".join(s)
-                    buckets += [(bucket_key(key, t, b), d) for (t, b), d in changes.upserts.items()]
+                    buckets += [(bucket_key(key, *r), d) for r, d in changes.upserts.items()]
                     metas.append((key, changes.meta))
                 writer.write(tables["buckets"], part, buckets)
                 writer.write(tables["series"], part, metas)

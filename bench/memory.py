@@ -234,8 +234,8 @@ def replay(events: int, series: int, partitions: int = 4, *, trace: bool = False
         for key, state in states.items():  # checkpoint: what changed goes to RocksDB
             changes = state.take_changes()
             p = part_of[key]
-            for (tier, start), data in changes.upserts.items():
-                stores["buckets"][p].put(bucket_key(key, tier, start).encode(), data)
+            for record, data in changes.upserts.items():
+                stores["buckets"][p].put(bucket_key(key, *record).encode(), data)
             stores["series"][p].put(key.encode(), changes.meta)
         usage = _rocksdb_usage(stores)
         for k, v in usage.items():

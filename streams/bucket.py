@@ -90,6 +90,8 @@ class _Wire(msgspec.Struct, array_like=True):
     exemplars: list[tuple[float, str]]
     applied: dict[int, int] = {}
     prompts: dict[str, tuple[int, int, list[tuple[float, str]]]] = {}
+    #: Version of this record (0 outside the store; see :mod:`~tailguard.streams.bucket_log`).
+    version: int = 0
 
 
 @dataclass(slots=True)
@@ -118,6 +120,14 @@ class Bucket:
     refill: bool = False
     #: :meth:`counter_row`, kept once the bucket is closed (its counts no longer change).
     _row: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
+    #: How the bucket is stored (:mod:`~tailguard.streams.bucket_log`): the version of
+    #: its last record and of its last whole record (0: never stored) ...
+    version: int = field(default=0, repr=False, compare=False)
+    base: int = field(default=0, repr=False, compare=False)
+    #: ... each sketch's :meth:`Sketch.mark` then, and the event-id hashes added
+    #: since (None: its next record is whole).
+    marks: dict[str, tuple[int, int]] | None = field(default=None, repr=False, compare=False)
+    new_ids: list[int] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def empty(cls, start_ms: int) -> "Bucket":
@@ -322,6 +332,11 @@ class Bucket:
                 self._row = row
         return row
 
+    def note_ids(self, hashes: list[int]) -> None:
+        """``hashes`` joined :attr:`ids`: the bucket's next segment stores them."""
+        if self.new_ids is not None:
+            self.new_ids.extend(hashes)
+
     def close(self) -> None:
         """Forget the event ids: no event can join a closed bucket any more. Its
         digests fold their tails in, so a window of this bucket alone reads it
@@ -330,7 +345,9 @@ class Bucket:
         for sketch in self.digests.values():
             sketch.compact()
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, version: int = 0) -> bytes:
+        """The bucket whole (``version``: of the stored record, see
+        :mod:`~tailguard.streams.bucket_log`; 0 for the contents alone)."""
         ids = None
         if self.ids is not None:
             # Sorted: the bytes of a bucket depend on its contents only.
@@ -345,6 +362,7 @@ class Bucket:
             prompts={
                 name: (t.requests, t.bad, t.exemplars) for name, t in sorted(self.prompts.items())
             },
+            version=version,
         )
         return msgspec.msgpack.encode(wire)
 
@@ -376,4 +394,6 @@ class Bucket:
                 name: PromptTally(n, bad, [(float(e), str(t)) for e, t in ex])
                 for name, (n, bad, ex) in wire.prompts.items()
             },
+            version=wire.version,
+            base=wire.version,
         )

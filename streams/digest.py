@@ -339,6 +339,28 @@ class Sketch:
         return self._digest_view()
 
     # -- storage ----------------------------------------------------------
+    def mark(self) -> tuple[int, int]:
+        """Where the sketch stands, for :meth:`since`: the values its digest holds
+        (−1 while exact) and the exact values or the tail after them."""
+        if self._values is not None:
+            return (-1, int(self._values.size))
+        assert self._digest is not None
+        return (int(self._digest.n_values), int(self._tail.size))
+
+    def since(self, mark: tuple[int, int]) -> np.ndarray | None:
+        """The values added since :meth:`mark` gave ``mark``, when they are still at
+        hand: the sketch was exact then and is now, or its digest merged no chunk
+        since (they are the end of the tail). Adding them to the sketch as it was
+        then gives this one, bytes for bytes. None: they are merged away (store
+        the sketch whole)."""
+        held, size = mark
+        if self._values is not None:
+            return self._values[size:] if held == -1 else None
+        assert self._digest is not None
+        if held >= 0 and held == int(self._digest.n_values) and size <= self._tail.size:
+            return self._tail[size:]
+        return None
+
     def to_bytes(self) -> bytes:
         if self._values is not None:
             return _TAG_EXACT + self._values.tobytes()

@@ -234,13 +234,17 @@ def fold_many(
         fresh_ids = set(hashes)
         if len(fresh_ids) == len(hashes) and ids.isdisjoint(fresh_ids):
             ids |= fresh_ids
+            bucket.note_ids(hashes)
             continue
+        added = []
         for j, h in zip(members.tolist(), hashes, strict=True):
             if h in ids:
                 keep[j] = False
                 dup_per_group[gi] += 1
             else:
                 ids.add(h)
+                added.append(h)
+        bucket.note_ids(added)
 
     if with_positions:
         cpart = cols.part[rows[cand]]

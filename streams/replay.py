@@ -105,6 +105,7 @@ def add_replay(
             else:
                 if ids is not None:
                     ids.add(h)
+                    bucket.note_ids([h])
                 accs.setdefault(start, []).append(i)
                 result.accepted += 1
         own = feeders.get(part)

@@ -47,6 +47,7 @@ from tailguard.streams.columns import Columns
 from tailguard.streams.counters import Counters
 from tailguard.streams.digest import READ_EXACT_LIMIT
 from tailguard.streams.errors import CorruptStateError
+from tailguard.streams.ring_store import Load, RingRecords, chains, restore_bucket
 from tailguard.streams.sli import Thresholds
 from tailguard.streams.window_config import COARSE, FINE, WM_HISTORY, Changes, RingConfig
 from tailguard.streams.window_span import window_starts
@@ -68,6 +69,8 @@ class _Meta(msgspec.Struct, array_like=True):
     counted: dict[int, int] = {}
     wm_before: list[tuple[int, int, int | None]] = []
     feeders: dict[int, int] = {}
+    #: ``start → (base, last version)`` of minute buckets stored with segments.
+    segments: dict[int, tuple[int, int]] = {}
 
 
 def met_watermark(current: int | None, feeders: dict[int, int]) -> int | None:
@@ -108,8 +111,7 @@ class SeriesRing:
         self._closed_cache: dict[tuple[int, tuple[int, ...], tuple[int, ...]], Bucket] = {}
         #: Counters of windows of closed buckets only, per (window, end).
         self._counter_cache: dict[tuple[int, int], Counters] = {}
-        self._dirty: set[tuple[str, int]] = set()
-        self._deleted: set[tuple[str, int]] = set()
+        self._records = RingRecords()
         #: Highest input offset per partition any restored bucket had applied
         #: (a bucket record may reach the store after the meta did not).
         self._applied_floor: dict[int, int] = {}
@@ -216,12 +218,7 @@ class SeriesRing:
             self._refilling = False
 
     def _touch(self, tier: str, start: int) -> None:
-        self._dirty.add((tier, start))
-        self._deleted.discard((tier, start))
-
-    def _drop(self, tier: str, start: int) -> None:
-        self._dirty.discard((tier, start))
-        self._deleted.add((tier, start))
+        self._records.touch(tier, start)
 
     def _next_close(self) -> int | None:
         """Watermark at which the oldest open bucket closes."""
@@ -267,12 +264,10 @@ class SeriesRing:
         for hour in pending:
             self._roll_up(hour)
         for start in [s for s in self.fine if s < wm - cfg.fine_retention_ms]:
-            del self.fine[start]
-            self._drop(FINE, start)
+            self._records.drop(FINE, start, self.fine.pop(start))
             self._order = None
         for start in [s for s in self.coarse if s < wm - cfg.retention_ms]:
-            del self.coarse[start]
-            self._drop(COARSE, start)
+            self._records.drop(COARSE, start, self.coarse.pop(start))
             self._order = None
         self._due_ms = _STALE
         return closed
@@ -431,39 +426,35 @@ class SeriesRing:
             counted=dict(sorted(self._counted.items())),
             wm_before=[(p, o, w) for (p, o), w in self._wm_before.items()],
             feeders=dict(sorted(self.feeders.items())),
+            segments=chains(self.fine),
         )
         return msgspec.msgpack.encode(meta)
 
     def rewrite_all(self) -> None:
         """Have the next :meth:`take_changes` write every bucket again (a checkpoint
         that took the changes was interrupted before storing all of them)."""
-        self._dirty.update((FINE, start) for start in self.fine)
-        self._dirty.update((COARSE, start) for start in self.coarse)
+        self._records.rewrite(self.fine, self.coarse)
 
     def take_changes(self) -> Changes:
-        """Buckets written or deleted since the last call, plus the meta value."""
-        upserts = {}
-        for tier, start in sorted(self._dirty):
-            store = self.fine if tier == FINE else self.coarse
-            upserts[(tier, start)] = store[start].to_bytes()
-        changes = Changes(upserts=upserts, deletes=sorted(self._deleted), meta=self.meta_bytes())
-        self._dirty.clear()
-        self._deleted.clear()
-        return changes
+        """Records of the buckets changed since the last call (whole, or segments of
+        what they gained: :mod:`~tailguard.streams.ring_store`), the records to
+        delete, and the meta value."""
+        return self._records.take(self.fine, self.coarse, self.meta_bytes)
 
     @classmethod
     def restore(
         cls,
         meta: bytes,
-        load: Callable[[str, int], bytes | None],
+        load: Load,
         config: RingConfig | None = None,
         thresholds: Thresholds | None = None,
     ) -> "Self":
-        """Rebuild from :meth:`meta_bytes` and the stored buckets (``load(tier, start)``).
+        """Rebuild from :meth:`meta_bytes` and the stored bucket records
+        (``load(key)``, ``key`` as in :attr:`Changes.upserts`).
 
-        A bucket listed in the meta but absent from the store (its record was
-        lost in a crash while the meta's was not) restores as empty: its input
-        will be replayed, and per-bucket ``applied`` offsets fill it exactly once.
+        A bucket listed in the meta whose records are lost (a crash kept the
+        meta's record and not one of them) restores as empty: its input will
+        be replayed, and per-bucket ``applied`` offsets fill it exactly once.
         """
         try:
             m = msgspec.msgpack.decode(meta, type=_Meta)
@@ -480,8 +471,9 @@ class SeriesRing:
         state.feeders = dict(m.feeders)
         for tier, starts, store in ((FINE, m.fine, state.fine), (COARSE, m.coarse, state.coarse)):
             for start in starts:
-                data = load(tier, start)
-                if data is None:
+                chain = m.segments.get(start) if tier == FINE else None
+                bucket = restore_bucket(tier, start, chain, load)
+                if bucket is None:
                     if tier == FINE:
                         store[start] = Bucket(start_ms=start, refill=True)
                         state._refilling = True
@@ -489,7 +481,7 @@ class SeriesRing:
                         # Let the hour be rolled up again from its minute buckets.
                         state._rolled_through_ms = min(state._rolled_through_ms, start)
                     continue
-                bucket = store[start] = Bucket.from_bytes(data, key=(tier, start))
+                store[start] = bucket
                 for p, o in bucket.applied.items():
                     if o > state._applied_floor.get(p, -1):
                         state._applied_floor[p] = o

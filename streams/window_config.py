@@ -13,6 +13,7 @@ __all__ = [
     "WM_HISTORY",
     "AddResult",
     "Changes",
+    "RecordKey",
     "RingConfig",
 ]
 
@@ -89,10 +90,16 @@ class AddResult:
     closed_ends: list[int] = field(default_factory=list)
 
 
+#: A stored record of a bucket: ``(tier, start)`` whole, ``(tier, start, version)``
+#: a segment (:mod:`~tailguard.streams.bucket_log`).
+RecordKey = tuple[str, int] | tuple[str, int, int]
+
+
 @dataclass(slots=True)
 class Changes:
-    """What to write to the state store after a batch."""
+    """What to write to the state store after a batch: bucket records by
+    :data:`RecordKey`, the records to delete, and the series' meta value."""
 
-    upserts: dict[tuple[str, int], bytes]
-    deletes: list[tuple[str, int]]
+    upserts: dict[RecordKey, bytes]
+    deletes: list[RecordKey]
     meta: bytes

@@ -217,3 +217,39 @@ def test_a_compacted_sketch_reads_as_before_and_holds_no_tail(n: int) -> None:
     assert settled_before == (sketch.exact or n % 1024 == 0)
     assert sketch.quantiles(QUANTILES) == before  # what a read folded in, to the bit
     assert Sketch.combine([sketch], 1000).quantiles(QUANTILES) == before
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 700), min_size=2, max_size=8),
+    cut=st.integers(1, 7),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_the_values_since_a_mark_rebuild_the_sketch_bytes_for_bytes(
+    sizes: list[int], cut: int, seed: int
+) -> None:
+    """What a bucket segment stores of a sketch: re-adding the values since a mark to
+    the sketch as it stood then gives the sketch as it stands, or ``since`` says
+    they are merged away (never a wrong answer)."""
+    rng = np.random.default_rng(seed)
+    batches = [rng.lognormal(np.log(40.0), 0.5, n) for n in sizes]
+    cut = min(cut, len(batches) - 1)
+    sketch = Sketch(DEFAULT_MAX_CENTROIDS)
+    for values in batches[:cut]:
+        sketch.add(values)
+    then, mark = sketch.to_bytes(), sketch.mark()
+    for values in batches[cut:]:
+        sketch.add(values)
+    added = sketch.since(mark)
+    everything = np.concatenate(batches[cut:])
+    before = sum(sizes[:cut])
+    after = before + everything.size
+    still_exact = after <= EXACT_LIMIT
+    no_chunk_merged = before > EXACT_LIMIT and before // 1024 == after // 1024
+    if still_exact or no_chunk_merged:
+        assert added is not None
+        np.testing.assert_array_equal(added, everything)
+    if added is not None:
+        rebuilt = Sketch.from_bytes(then, DEFAULT_MAX_CENTROIDS)
+        rebuilt.add(added)
+        assert rebuilt.to_bytes() == sketch.to_bytes()

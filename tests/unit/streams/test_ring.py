@@ -310,7 +310,8 @@ def test_take_changes_reports_only_what_changed_since_the_last_call(
     idle = windows.take_changes()
     assert (idle.upserts, idle.deletes) == ({}, [])
     windows.add([make_event(minute(t0, 2, 30))])
-    assert set(windows.take_changes().upserts) == {("m", minute(t0, 2))}
+    # Stored before and still open: a segment of what it gained (version 2).
+    assert set(windows.take_changes().upserts) == {("m", minute(t0, 2), 2)}
 
 
 # ------------------------------------------------------------------ replay by input position
@@ -359,7 +360,7 @@ def stored(
 )
 def test_corrupt_meta_bytes_raise_corrupt_state_error(meta: bytes) -> None:
     with pytest.raises(CorruptStateError, match="meta"):
-        SeriesWindows.restore(meta, lambda tier, start: None)
+        SeriesWindows.restore(meta, lambda key: None)
 
 
 def test_every_truncation_of_the_meta_raises_corrupt_state_error(
@@ -368,7 +369,7 @@ def test_every_truncation_of_the_meta_raises_corrupt_state_error(
     meta, buckets = stored
     for cut in range(len(meta)):
         with pytest.raises(CorruptStateError):
-            SeriesWindows.restore(meta[:cut], lambda tier, start: buckets.get((tier, start)))
+            SeriesWindows.restore(meta[:cut], buckets.get)
 
 
 def test_a_corrupt_bucket_record_raises_corrupt_state_error_naming_its_key(
@@ -377,7 +378,7 @@ def test_a_corrupt_bucket_record_raises_corrupt_state_error_naming_its_key(
     meta, buckets = stored
     buckets[("h", t0)] = buckets[("h", t0)][:-3]
     with pytest.raises(CorruptStateError, match=rf"\('h', {t0}\)"):
-        SeriesWindows.restore(meta, lambda tier, start: buckets.get((tier, start)))
+        SeriesWindows.restore(meta, buckets.get)
 
 
 def test_a_minute_bucket_missing_from_the_store_restores_empty(
@@ -386,7 +387,7 @@ def test_a_minute_bucket_missing_from_the_store_restores_empty(
     meta, buckets = stored
     minute_of_last_event = t0 + 2 * HOUR_MS
     del buckets[("m", minute_of_last_event)]
-    restored = SeriesWindows.restore(meta, lambda tier, start: buckets.get((tier, start)))
+    restored = SeriesWindows.restore(meta, buckets.get)
     assert restored.fine[minute_of_last_event].counters.requests == 0
     assert restored.coarse[t0].counters.requests == 1
 
@@ -414,7 +415,7 @@ def test_a_lost_bucket_record_is_refilled_by_replay_after_its_bucket_closed(
     changes = original.take_changes()
     store = dict(changes.upserts)
     del store[("m", t0)]  # the crash lost this record; the meta's reached the changelog
-    restored = SeriesWindows.restore(changes.meta, lambda tier, start: store.get((tier, start)))
+    restored = SeriesWindows.restore(changes.meta, store.get)
     restored.add(batch, positions=positions)
     assert restored.counters(WINDOWS["1h"]) == original.counters(WINDOWS["1h"])
     assert restored.late == original.late == 0
@@ -435,7 +436,7 @@ def _open_minute_lost(
     changes = original.take_changes()
     store = dict(changes.upserts)
     del store[("m", minute(t0, 1))]
-    restored = SeriesWindows.restore(changes.meta, lambda tier, start: store.get((tier, start)))
+    restored = SeriesWindows.restore(changes.meta, store.get)
     return batch, positions, original, changes, restored
 
 
@@ -453,7 +454,7 @@ def test_only_a_restore_that_lost_a_bucket_record_awaits_a_refill_until_the_repl
 ) -> None:
     batch, positions, original, changes, restored = _open_minute_lost(t0, make_event, make_windows)
     assert not original.awaiting_refill()
-    whole = SeriesWindows.restore(changes.meta, lambda t, s: changes.upserts.get((t, s)))
+    whole = SeriesWindows.restore(changes.meta, changes.upserts.get)
     assert not whole.awaiting_refill()
     assert restored.awaiting_refill()
     restored.add(batch, positions=positions)  # the replay refills it ...
@@ -482,7 +483,7 @@ def test_a_lost_hour_record_is_rebuilt_after_restore(
     original.add(rolls_up_hour_t0, positions=[(0, 2)])
     meta = _write(store, original.take_changes(), lose=frozenset({("h", t0)}))
 
-    restored = SeriesWindows.restore(meta, lambda tier, start: store.get((tier, start)))
+    restored = SeriesWindows.restore(meta, store.get)
     restored.add(rolls_up_hour_t0, positions=[(0, 2)])  # the replay after the crash
     prunes_minutes_of_hour_t0 = [make_event(t0 + 4 * HOUR_MS)]
     for windows in (original, restored):
@@ -500,7 +501,7 @@ def test_replaying_a_message_after_restore_does_not_count_its_late_events_twice(
     assert original.add(message, positions=[(0, 2)] * 2).late == 1
     meta = _write(store, original.take_changes())
 
-    restored = SeriesWindows.restore(meta, lambda tier, start: store.get((tier, start)))
+    restored = SeriesWindows.restore(meta, store.get)
     restored.add(message, positions=[(0, 2)] * 2)
     assert restored.late == original.late == 1
 
@@ -521,7 +522,7 @@ def test_a_window_read_before_a_replay_refills_a_closed_bucket_sees_the_refill(
     changes = original.take_changes()
     store = dict(stale.upserts)  # the minute-0 record of offset 2 never reached the store
     store.update({k: v for k, v in changes.upserts.items() if k != ("m", t0)})
-    restored = SeriesWindows.restore(changes.meta, lambda tier, start: store.get((tier, start)))
+    restored = SeriesWindows.restore(changes.meta, store.get)
     assert restored.window(WINDOWS["1h"], minute(t0, 11)).counters.requests == 4
     restored.add(second, positions=[(0, 2)] * 3)
     assert restored.window(WINDOWS["1h"], minute(t0, 11)).counters.requests == 7
@@ -549,9 +550,12 @@ def test_a_duplicate_moves_the_watermark_so_its_replay_can_too(make_event: Any) 
     result = original.add([again], positions=[(0, 1)])
     assert (result.accepted, result.duplicates) == (0, 1)
     assert original.watermark_ms == _T0 + 900
+    # Stored whole (a segment ahead of its meta is never read): restored with the
+    # meta from before and the bucket from after, which is ahead.
+    original.rewrite_all()
     changes = original.take_changes()
-    # Restored with the meta from before and the bucket from after (it is ahead).
-    restored = SeriesWindows.restore(meta_before, lambda t, s: changes.upserts.get((t, s)), _SMALL)
+    assert set(changes.upserts) == {("m", _T0)}
+    restored = SeriesWindows.restore(meta_before, changes.upserts.get, _SMALL)
     replay = restored.add([again], positions=[(0, 1)])
     assert replay.replayed == 1
     assert restored.watermark_ms == original.watermark_ms
@@ -617,9 +621,7 @@ def test_a_restored_ring_reads_windows_byte_for_byte_as_the_live_one(
             [make_event(minute(t0, m) + s * SECOND_MS, e2e_ms=100.0 + m + s) for s in range(9)]
         )
     changes = live.take_changes()
-    restored = SeriesWindows.restore(
-        changes.meta, lambda tier, start: changes.upserts.get((tier, start))
-    )
+    restored = SeriesWindows.restore(changes.meta, changes.upserts.get)
     assert list(live.fine) != sorted(live.fine)
     for window in ("5m", "30m"):
         end = minute(t0, 6)

@@ -175,9 +175,7 @@ def test_feeders_survive_a_restore(make_event: MakeEvent) -> None:
     windows = SeriesWindows(SMALL)
     windows.add_columns(columns([(0, 0, [make_event(T0)]), (3, 0, [make_event(T0 + 500)])]))
     changes = windows.take_changes()
-    restored = SeriesWindows.restore(
-        changes.meta, lambda tier, start: changes.upserts.get((tier, start)), SMALL
-    )
+    restored = SeriesWindows.restore(changes.meta, changes.upserts.get, SMALL)
     assert restored.feeders == {0: T0, 3: T0 + 500}
     assert restored.watermark_ms == T0
 

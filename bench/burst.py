@@ -37,7 +37,7 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, To
 from confluent_kafka.admin import AdminClient
 
 from bench.common import machine, run, worker_counters, write_result
-from bench.throughput import series_fields
+from bench.workload import series_fields
 from tailguard.catalogue import catalogue
 from tailguard.kafka_admin import create_topics
 

@@ -35,7 +35,7 @@ from tailguard.streams import RingConfig, SeriesWindows
 from tailguard.streams.fold import fold_many
 
 from bench.common import machine, write_result
-from bench.throughput import make_placed_messages
+from bench.workload import make_placed_messages
 
 SERIES = 10_000
 EVENTS = 600_000

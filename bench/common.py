@@ -46,6 +46,15 @@ def worker_close_s(log_path: Path) -> float:
     return float(found[-1]) if found else 0.0
 
 
+_CHECKPOINTS = re.compile(rb"checkpoints=(\d+) checkpoint_s=([\d.]+)")
+
+
+def worker_checkpoints(log_path: Path) -> tuple[int, float]:
+    """(checkpoints, seconds spent in them) from a worker's last counters line."""
+    found = _CHECKPOINTS.findall(log_path.read_bytes()[-65536:])
+    return (int(found[-1][0]), float(found[-1][1])) if found else (0, 0.0)
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds of ``pids`` (every thread), 0 for one that is gone."""
     total = 0

@@ -60,7 +60,8 @@ from tailguard.streams import RingConfig, SeriesWindows
 from tailguard.streams.fold import fold_many
 
 from bench.common import machine, write_result
-from bench.throughput import ENCODING, PARTITIONS, make_placed_messages
+from bench.throughput import ENCODING
+from bench.workload import PARTITIONS, make_placed_messages
 
 BATCH = 500  # input messages per ingest batch (the worker's default)
 #: Batches between two checkpoints (see the module docstring).

@@ -10,7 +10,7 @@ Two measurements, combined by :mod:`bench.throughput` into ``rss_breakdown_mib``
   yet) and the sample at the peak.
 - :func:`replay` builds, in this process and without faust or Kafka, the state
   the throughput benchmark's worker builds: the same messages
-  (:func:`bench.throughput.make_messages`) decoded, routed and folded into
+  (:func:`bench.workload.make_messages`) decoded, routed and folded into
   :class:`~tailguard.streams.SeriesWindows` exactly as the SLI agent does, the
   changed series checkpointed into RocksDB stores (one per partition, the
   worker's options) every ``CHECKPOINT_EVENTS`` events. It reports the RSS the
@@ -196,7 +196,7 @@ def _rocksdb_usage(stores: dict[str, list[Any]]) -> dict[str, float]:
 
 def replay(events: int, series: int, partitions: int = 4, *, trace: bool = False) -> dict[str, Any]:
     """Fold the throughput benchmark's input in-process; what the series state and RocksDB hold."""
-    from bench.throughput import PER_MESSAGE, make_messages
+    from bench.workload import PER_MESSAGE, make_messages
 
     msgs = make_messages(events, series)
     main = msgs[: -(-events // PER_MESSAGE)]  # without the closing requests

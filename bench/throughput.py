@@ -34,6 +34,11 @@ series; ``random_partitions`` repeats the run at random.
    namespace and worker. A worker's cost has a per-event part (decode, fold)
    and a per-series part (a series' share of every batch, its minute close, its
    checkpoint records); the sweep shows which one bounds the main run.
+5. *Sustained* (``sustained``): the main case over ``BENCH_SUSTAINED_EVENTS``
+   (default 3,000,000: 30 s of event time; 0 to skip). In the main run each
+   series' open minute is checkpointed once; here it fills over several
+   checkpoints and provisional snapshots, as in production, so what a
+   checkpoint costs per event shows (``checkpoints``, ``checkpoint_s_in_worker``).
 
 ``close_minute_s`` is the wall time from the worker's last input event folded
 to the last final snapshot read back; how much of the close overlaps the fold
@@ -59,143 +64,36 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from tailguard.schemas import InferenceEvent
-from tailguard.schemas.columnar import InferenceColumns, encode_columns, is_columnar
-from tailguard.schemas.placement import home_partition, series_key_of
+from tailguard.schemas.columnar import InferenceColumns, is_columnar
 
 from bench.common import (
     broker_pids,
     cpu_seconds,
     machine,
     run,
+    worker_checkpoints,
     worker_close_s,
     worker_counters,
     worker_paths,
     write_result,
 )
 from bench.memory import RssSampler, proc_memory, replay
+from bench.workload import PARTITIONS, PER_MESSAGE, PER_MS, make_placed_messages
 from tailguard.catalogue import catalogue
 from tailguard.kafka_admin import create_topics
 
 BROKER = os.environ.get("TAILGUARD_BROKER", "127.0.0.1:19092")
 EVENTS = int(os.environ.get("BENCH_EVENTS", "600000"))
 SERIES = int(os.environ.get("BENCH_SERIES", "10000"))
-#: Requests per millisecond of event time (100 = a 100,000 requests/s service).
-PER_MS = 100
-LATENESS_MS = 120_000
-PER_MESSAGE = 200
-PARTITIONS = 4
 #: How the benchmark's producer writes messages: ``columns`` (what this project's
 #: producers send) or ``rows`` (a JSON array of request objects).
 ENCODING = os.environ.get("BENCH_ENCODING", "columns")
 SWEEP = [int(x) for x in os.environ.get("BENCH_SERIES_SWEEP", "100").split(",") if x.strip()]
-
-
-def series_fields(s: int, series: int) -> dict[str, str]:
-    return {
-        "service": f"svc{s % 10}",
-        "model": f"m{(s // 10) % 10}",
-        "tenant": f"t{s // 100}",
-        "variant": "control" if s < series // 2 else "treatment",
-    }
-
-
-def make_messages(n: int, series: int, seed: int = 1) -> list[bytes]:
-    """``n`` requests at 100 per ms of event time, then closing requests (messages of
-    random series; see :func:`make_placed_messages`)."""
-    return [value for _, value in make_placed_messages(n, series, seed, partitions=None)]
-
-
-def make_placed_messages(
-    n: int,
-    series: int,
-    seed: int = 1,
-    partitions: int | None = PARTITIONS,
-    encoding: str = "rows",
-) -> list[tuple[int | None, bytes]]:
-    """:func:`make_messages` as ``(partition, message)``: with ``partitions``, every
-    message holds up to ``PER_MESSAGE`` events of one home partition, in event
-    time order; without, ``PER_MESSAGE`` consecutive events and no partition (but
-    the closing requests: one per series on each of the ``PARTITIONS`` partitions,
-    which all feed every series then)."""
-    rng = np.random.default_rng(seed)
-    encode = msgspec.json.Encoder().encode if encoding == "rows" else encode_columns
-    # The minute the events fill ends on a 5-minute boundary: the close then
-    # publishes final 1m, 5m and 1h snapshots (the costliest close), every run.
-    start = (int(time.time() * 1000) - 1_800_000) // 300_000 * 300_000 + 240_000
-    ttft = rng.lognormal(np.log(180), 0.45, n)
-    gaps = rng.lognormal(np.log(30), 0.35, (n, 9)).round(2)
-    sid = rng.integers(0, series, n)
-    names = [series_fields(s, series) for s in range(series)]
-    home = [
-        None if partitions is None else home_partition(series_key_of(f), partitions) for f in names
-    ]
-    msgs: list[tuple[int | None, bytes]] = []
-    open_: dict[int | None, list[dict[str, Any]]] = {}
-
-    def add(s: int, event: dict[str, Any]) -> None:
-        batch = open_.setdefault(home[s], [])
-        batch.append(event)
-        if len(batch) == PER_MESSAGE:
-            msgs.append((home[s], encode(batch)))
-            batch.clear()
-
-    def close_all() -> None:
-        for part, batch in open_.items():
-            if batch:
-                msgs.append((part, encode(batch)))
-        open_.clear()
-
-    for lo in range(0, n, PER_MESSAGE):
-        for i in range(lo, min(n, lo + PER_MESSAGE)):
-            itl = gaps[i].tolist()
-            add(
-                int(sid[i]),
-                {
-                    "event_id": f"b{i}",
-                    "ts_ms": start + i // PER_MS,
-                    **names[int(sid[i])],
-                    "status": "ok",
-                    "ttft_ms": round(float(ttft[i]), 2),
-                    "e2e_ms": round(float(ttft[i]) + sum(itl), 2),
-                    "output_tokens": 10,
-                    "input_tokens": 300,
-                    "itl_ms": itl,
-                    "trace_id": f"{i:032x}",
-                    "host": f"gpu-node-{int(sid[i]) % 16:02d}",
-                    "gpu_ids": [int(sid[i]) % 8],
-                },
-            )
-    close_all()
-    # Closing requests: past every series' last bucket + lateness, so its minutes close.
-    closing = start + n // PER_MS + LATENESS_MS + 120_000
-
-    def closing_request(s: int, event_id: str) -> dict[str, Any]:
-        return {
-            "event_id": event_id,
-            "ts_ms": closing,
-            **names[s],
-            "status": "ok",
-            "ttft_ms": 100.0,
-            "e2e_ms": 200.0,
-            "output_tokens": 1,
-        }
-
-    if partitions is not None:
-        for s in range(series):
-            add(s, closing_request(s, f"close{s}"))
-        close_all()
-        return msgs
-    # At random every partition feeds every series, and a series' watermark is the
-    # lowest of its partitions': one closing request per series on each partition.
-    for part in range(PARTITIONS):
-        batch = [closing_request(s, f"close{s}-{part}") for s in range(series)]
-        for lo in range(0, series, PER_MESSAGE):
-            msgs.append((part, encode(batch[lo : lo + PER_MESSAGE])))
-    return msgs
+#: Events of the sustained run (30 s of event time at 100,000 requests/s; 0 to skip).
+SUSTAINED = int(os.environ.get("BENCH_SUSTAINED_EVENTS", "3000000") or 0)
 
 
 def preload(topic: str, msgs: list[tuple[int | None, bytes]]) -> None:
@@ -348,6 +246,7 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
             if worker_close_s(log_path) != seen_close:
                 break
         close_s = worker_close_s(log_path)
+        checkpoints = worker_checkpoints(log_path)
         sampler.stop()
     finally:
         # py-spy writes its profile on SIGINT; the worker stops cleanly on either.
@@ -365,6 +264,7 @@ def run_worker(prefix: str, app_id: str, total: int) -> dict[str, Any]:
         "seconds": done_at - t0,
         "applied_s": (applied_at or done_at) - t0,
         "close_s": close_s,
+        "checkpoints": checkpoints,
         # CPU seconds from ready to done: the worker process (every thread, librdkafka's
         # included) and the broker, which share this machine's cores.
         "worker_cpu_s": round(cpu_at_done[0] - cpu_at_ready[0], 2),
@@ -415,17 +315,20 @@ def rss_breakdown(w: dict[str, Any], state: dict[str, Any]) -> dict[str, float]:
     return {"peak": round(peak, 1), **{k: round(v, 1) for k, v in parts.items()}}
 
 
-def measure(n_series: int, *, by_series: bool, encoding: str = ENCODING) -> dict[str, Any]:
-    """A fresh namespace, ``EVENTS`` events over ``n_series`` series, one worker."""
+def measure(
+    n_series: int, *, by_series: bool, encoding: str = ENCODING, events: int = EVENTS
+) -> dict[str, Any]:
+    """A fresh namespace, ``events`` events over ``n_series`` series, one worker."""
     tag = uuid.uuid4().hex[:8]
     prefix = f"bench{tag}."
     create_topics(BROKER, catalogue(PARTITIONS, prefix=prefix))
     msgs = make_placed_messages(
-        EVENTS, n_series, partitions=PARTITIONS if by_series else None, encoding=encoding
+        events, n_series, partitions=PARTITIONS if by_series else None, encoding=encoding
     )
     preload(prefix + "tailguard.inference", msgs)
-    w = run_worker(prefix, f"bench-{tag}", EVENTS)
-    w["events_per_s"] = EVENTS / w["seconds"]
+    w = run_worker(prefix, f"bench-{tag}", events)
+    w["events"] = events
+    w["events_per_s"] = events / w["seconds"]
     layout = "by series" if by_series else "random"
     print(f"{n_series} series, {layout}, {encoding}: {w['events_per_s']:,.0f} events/s", flush=True)
     return w
@@ -441,6 +344,8 @@ def summary(w: dict[str, Any], ceil_eps: float, n_series: int, by_series: bool) 
         "seconds": round(w["seconds"], 2),
         "close_minute_s": round(w["seconds"] - w["applied_s"], 2),
         "close_s_in_worker": round(w["close_s"], 2),
+        "checkpoints": w["checkpoints"][0],
+        "checkpoint_s_in_worker": w["checkpoints"][1],
         "series_seen": w["series_seen"],
         "late_events": w["late"],
         "peak_rss_mib": w["peak_rss_mib"],
@@ -451,10 +356,21 @@ def summary(w: dict[str, Any], ceil_eps: float, n_series: int, by_series: bool) 
 def cpu_figures(w: dict[str, Any]) -> dict[str, float]:
     """CPU spent per event from ready to done: less drift than wall time on a shared
     machine, and it tells the worker's share from the broker's."""
+    events = w.get("events", EVENTS)
     return {
-        "worker_cpu_us_per_event": round(w["worker_cpu_s"] / EVENTS * 1e6, 1),
-        "broker_cpu_us_per_event": round(w["broker_cpu_s"] / EVENTS * 1e6, 1),
+        "worker_cpu_us_per_event": round(w["worker_cpu_s"] / events * 1e6, 1),
+        "broker_cpu_us_per_event": round(w["broker_cpu_s"] / events * 1e6, 1),
     }
+
+
+def sustained(ceil_eps: float) -> dict[str, Any] | None:
+    """The main case over ``SUSTAINED`` events: each series' open minute fills over
+    several checkpoints and provisional snapshots, as it does in production (the
+    main run's 600,000 events store each open minute once)."""
+    if not SUSTAINED:
+        return None
+    w = measure(SERIES, by_series=True, events=SUSTAINED)
+    return {"events": SUSTAINED, **summary(w, ceil_eps, SERIES, True)}
 
 
 def main() -> None:
@@ -487,6 +403,7 @@ def main() -> None:
             sweep.append(
                 summary(measure(n_series, by_series=by_series), ceil_eps, n_series, by_series)
             )
+    long_run = sustained(ceil_eps)
     print("replaying the series state in-process (bench.memory)", flush=True)
     state = replay(EVENTS, SERIES, PARTITIONS)
     result = {
@@ -504,6 +421,8 @@ def main() -> None:
         "applied_per_s": round(EVENTS / w["applied_s"]),
         "close_minute_s": round(w["seconds"] - w["applied_s"], 2),
         "close_s_in_worker": round(w["close_s"], 2),
+        "checkpoints": w["checkpoints"][0],
+        "checkpoint_s_in_worker": w["checkpoints"][1],
         **cpu_figures(w),
         "series_seen": w["series_seen"],
         "late_events": w["late"],
@@ -521,6 +440,7 @@ def main() -> None:
         "rss_timeline_s_mib": w["rss_timeline"],
         "memory_probe_at_peak": w["probe"],
         "series_sweep": sweep,
+        "sustained": long_run,
         "series_state": state,
         "bytes_per_series": state["bytes_per_series"],
         "event_time": f"{PER_MS * 1000} requests/s, then one closing request per series",

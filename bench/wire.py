@@ -25,7 +25,7 @@ from tailguard.schemas import Limits, decode
 from tailguard.schemas.columnar import decode_columns, is_columnar
 
 from bench.common import machine, write_result
-from bench.throughput import make_placed_messages
+from bench.workload import make_placed_messages
 
 MESSAGES = 500  # one ingest batch: 100,000 requests
 ROUNDS = 5

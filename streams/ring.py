@@ -475,7 +475,9 @@ class SeriesRing:
                 bucket = restore_bucket(tier, start, chain, load)
                 if bucket is None:
                     if tier == FINE:
-                        store[start] = Bucket(start_ms=start, refill=True)
+                        # Its next records take versions past the lost ones.
+                        version = chain[1] if chain else 0
+                        store[start] = Bucket(start_ms=start, refill=True, version=version)
                         state._refilling = True
                     elif state._rolled_through_ms is not None:
                         # Let the hour be rolled up again from its minute buckets.

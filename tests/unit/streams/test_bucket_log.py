@@ -12,7 +12,7 @@ import msgspec
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tailguard.streams import Thresholds
+from tailguard.streams import RingConfig, SeriesWindows, Thresholds
 from tailguard.streams.bucket import Bucket
 from tailguard.streams.bucket_log import MAX_SEGMENTS
 from tailguard.streams.columns import Columns
@@ -201,3 +201,22 @@ def test_a_whole_record_newer_than_the_meta_is_read_alone(make_event: Any) -> No
 def test_a_whole_record_older_than_the_meta_reads_as_a_lost_bucket(make_event: Any) -> None:
     store, _, _ = _chain_of_three(make_event)
     assert restore_bucket(FINE, START, (5, 6), store.records.get) is None
+
+
+def test_a_bucket_restored_empty_takes_versions_past_its_lost_chain(make_event: Any) -> None:
+    """Its next whole record deletes the lost chain's segments; its own never reuse them."""
+    ring = SeriesWindows(RingConfig())
+    ring.add([make_event(START + 1_000, event_id="a")])
+    store: dict[Any, bytes] = {}
+    for k in range(3):
+        ring.add([make_event(START + 2_000 + k, event_id=f"b{k}")])
+        store.update(ring.take_changes().upserts)
+    meta = ring.take_changes().meta
+    del store[(FINE, START, 2)]  # a record lost in a crash
+    restored = SeriesWindows.restore(meta, store.get)
+    assert restored.fine[START].refill
+    restored.add([make_event(START + 3_000, event_id="c")])
+    changes = restored.take_changes()
+    assert set(changes.upserts) == {(FINE, START)}
+    assert Bucket.from_bytes(changes.upserts[(FINE, START)]).version == 4
+    assert {(FINE, START, 2), (FINE, START, 3)} <= set(changes.deletes)

@@ -166,13 +166,13 @@ def group_columns(
     """Requests in columns grouped by series (``gid``: each one's index into
     ``series``), each group in input order; ``served``: the newest time per
     ``(series index, host, GPU)``."""
-    order = np.argsort(gid, kind="stable")
+    grouped = gid.size < 2 or bool((gid[1:] >= gid[:-1]).all())
     counts = np.bincount(gid, minlength=len(series))
     bounds = np.r_[0, np.cumsum(counts)].astype(np.int64)
     return SeriesGroups(
         series=series,
         bounds=bounds,
-        cols=cols.take(order),
+        cols=cols if grouped else cols.take(np.argsort(gid, kind="stable")),
         gpus=[(g, host, gpu, ts) for (g, host, gpu), ts in served.items()],
     )
 
@@ -201,10 +201,13 @@ def columns_by_partition(
     """The requests at ``rows`` of ``cols``, per input partition, grouped by series
     (:func:`group_columns`; ``gid``, ``series``, ``served`` as there, for all of ``cols``)."""
     part = cols.part[rows]
-    return {
-        partition: group_columns(*take_requests(cols, gid, series, served, rows[part == partition]))
-        for partition in np.unique(part).tolist()
-    }
+    out = {}
+    for partition in np.unique(part).tolist():
+        mine = rows[part == partition]
+        # In series order already: the columns are taken once, not twice.
+        mine = mine[np.argsort(gid[mine], kind="stable")]
+        out[partition] = group_columns(*take_requests(cols, gid, series, served, mine))
+    return out
 
 
 def take_requests(

@@ -53,9 +53,11 @@ def event_hashes(event_ids: Sequence[str]) -> np.ndarray:
     if n == 0:
         return np.empty(0, dtype=np.uint64)
     encoded = [s.encode() for s in event_ids]
-    encoded = [
-        b if len(b) <= _MAX_DIRECT else hashlib.blake2b(b, digest_size=16).digest() for b in encoded
-    ]
+    if max(map(len, encoded)) > _MAX_DIRECT:
+        encoded = [
+            b if len(b) <= _MAX_DIRECT else hashlib.blake2b(b, digest_size=16).digest()
+            for b in encoded
+        ]
     raw = np.array(encoded, dtype=np.bytes_)
     width = raw.dtype.itemsize
     mat = raw.view(np.uint8).reshape(n, width)

@@ -386,21 +386,21 @@ def _absorb_all(
         axis=1,
     ).tolist()
 
-    metrics = []
+    metrics = []  # (name, values, offsets per bucket as a list: the loop below reads them)
     for name, mask, values in (
         ("ttft_ms", has_ttft, ttft),
         ("tpot_ms", with_tpot, tpot),
         ("e2e_ms", ok, e2e),
     ):
         counts = per_bucket(mask)
-        metrics.append((name, values[mask], np.r_[0, np.cumsum(counts)]))
-    metrics.append(("itl_ms", gaps, np.r_[0, np.cumsum(itl_total)]))
+        metrics.append((name, values[mask], np.r_[0, np.cumsum(counts)].tolist()))
+    metrics.append(("itl_ms", gaps, np.r_[0, np.cumsum(itl_total)].tolist()))
     stage_metrics = []
     for j in stage_order(cols.stage_names):
         column = cols.stages[src, j]
         mask = ok & ~np.isnan(column)
         if mask.any():
-            off = np.r_[0, np.cumsum(per_bucket(mask))]
+            off = np.r_[0, np.cumsum(per_bucket(mask))].tolist()
             stage_metrics.append((STAGE_PREFIX + cols.stage_names[j], column[mask], off))
 
     # Exemplar candidates: per bucket the requests that can make its top EXEMPLARS.

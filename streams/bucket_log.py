@@ -21,8 +21,9 @@ version number. A whole record carries its own version (the *base*), a
 segment its own and its base's. The series' meta lists, for each bucket with
 segments, its base and last version
 (:class:`~tailguard.streams.ring_store.RingRecords`); a restore reads the base
-and exactly the segments after it up to the last, and treats a bucket whose
-chain is broken as it treats a lost record. A bucket is stored whole when it
+and the segments after it up to the last; a chain a crash broke gives the
+bucket as it was before the gap, an older bucket the replay completes
+(:func:`~tailguard.streams.ring_store.restore_bucket`). A bucket is stored whole when it
 is new, once it closes (its ids go, its digests compact), after
 :data:`MAX_SEGMENTS` segments, and whenever a checkpoint was interrupted.
 """

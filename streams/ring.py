@@ -452,9 +452,9 @@ class SeriesRing:
         """Rebuild from :meth:`meta_bytes` and the stored bucket records
         (``load(key)``, ``key`` as in :attr:`Changes.upserts`).
 
-        A bucket listed in the meta whose records are lost (a crash kept the
-        meta's record and not one of them) restores as empty: its input will
-        be replayed, and per-bucket ``applied`` offsets fill it exactly once.
+        A bucket listed in the meta whose whole record is lost (a crash kept the
+        meta's record and not its) restores as empty: its input will be
+        replayed, and per-bucket ``applied`` offsets fill it exactly once.
         """
         try:
             m = msgspec.msgpack.decode(meta, type=_Meta)

@@ -97,26 +97,29 @@ def restore_bucket(
     tier: str, start: int, chain: tuple[int, int] | None, load: Load
 ) -> Bucket | None:
     """Bucket ``(tier, start)`` as the meta that lists it with ``chain`` (its base and
-    last version; None: no segments) left it; None when its records are lost.
+    last version; None: no segments) left it; None when its whole record is lost.
 
-    A whole record newer than ``chain``'s base holds everything the meta's
-    segments would add (it was written later: the input offsets it lists make
-    the replay skip what it holds); an older one, or a missing segment, is a
-    lost record.
+    Its whole record, then the segments on it in order, up to the meta's last
+    or the first one missing or written on another base (a crash lost it): a
+    bucket short of what the meta saw is an older bucket, whose input offsets
+    make the replay add what it lacks, as with an older whole record. A whole
+    record newer than ``chain``'s base holds everything the meta's segments
+    would add (written later, its offsets make the replay skip what it holds).
+    The bucket's next record is whole, numbered past every version the meta
+    knows, and deletes the segments it leaves behind.
     """
     data = load((tier, start))
     if data is None:
         return None
     bucket = Bucket.from_bytes(data, key=(tier, start))
-    if chain is None or bucket.base > chain[0]:
+    if chain is None:
         return bucket
     base, last = chain
-    if bucket.base < base:
-        return None
-    for version in range(base + 1, last + 1):
-        segment = load((tier, start, version))
-        if segment is None or not apply_segment(
-            bucket, segment, version, key=(tier, start, version)
-        ):
-            return None
+    if bucket.base == base:
+        for version in range(base + 1, last + 1):
+            segment = load((tier, start, version))
+            key = (tier, start, version)
+            if segment is None or not apply_segment(bucket, segment, version, key=key):
+                break
+    bucket.version = max(bucket.version, last)
     return bucket

@@ -158,28 +158,40 @@ def test_a_closed_bucket_is_stored_whole(make_event: Any) -> None:
     assert Bucket.from_bytes(changes.upserts[(FINE, START)]).ids is None
 
 
-def _chain_of_three(make_event: Any) -> tuple[Store, dict[int, Bucket], tuple[int, int]]:
+def _chain_of_three(
+    make_event: Any,
+) -> tuple[Store, dict[int, Bucket], tuple[int, int], list[bytes]]:
+    """A bucket stored whole (version 1), then as two segments; its bytes after each."""
     bucket = Bucket.empty(START)
     fine = {START: bucket}
     store = Store()
+    stored = []
     for k in (1, 2, 3):
         grow(make_event, bucket, k, 4, 0, seed=k)
         store.checkpoint(fine)
-    return store, fine, chains(fine)[START]
+        stored.append(bucket.to_bytes())
+    return store, fine, chains(fine)[START], stored
 
 
-def test_a_missing_segment_reads_as_a_lost_bucket(make_event: Any) -> None:
-    store, _, chain = _chain_of_three(make_event)
+def test_a_missing_segment_leaves_the_bucket_as_it_was_before_it(make_event: Any) -> None:
+    """As an older whole record would: its input offsets make the replay add the rest."""
+    store, _, chain, stored = _chain_of_three(make_event)
     assert chain == (1, 3)
     del store.records[(FINE, START, 2)]
-    assert restore_bucket(FINE, START, chain, store.records.get) is None
+    restored = restore_bucket(FINE, START, chain, store.records.get)
+    assert restored is not None
+    assert restored.to_bytes() == stored[0]
+    # Its next record is whole, numbered past every version the meta knew.
+    assert restored.version == 3
 
 
-def test_a_segment_of_another_base_reads_as_a_lost_bucket(make_event: Any) -> None:
-    store, _, chain = _chain_of_three(make_event)
+def test_a_segment_of_another_base_ends_the_chain(make_event: Any) -> None:
+    store, _, chain, stored = _chain_of_three(make_event)
     # Version 3 as a lost timeline wrote it, on another base.
     store.records[(FINE, START, 3)] = _reversioned(store.records[(FINE, START, 3)], base=7)
-    assert restore_bucket(FINE, START, chain, store.records.get) is None
+    restored = restore_bucket(FINE, START, chain, store.records.get)
+    assert restored is not None
+    assert restored.to_bytes() == stored[1]
 
 
 def _reversioned(segment: bytes, base: int) -> bytes:
@@ -189,7 +201,7 @@ def _reversioned(segment: bytes, base: int) -> bytes:
 
 
 def test_a_whole_record_newer_than_the_meta_is_read_alone(make_event: Any) -> None:
-    store, fine, chain = _chain_of_three(make_event)
+    store, fine, chain, _ = _chain_of_three(make_event)
     fine[START].marks = None  # the next record is whole: version 4, ahead of the chain
     grow(make_event, fine[START], 4, 4, 0, seed=4)
     store.checkpoint(fine)
@@ -198,9 +210,18 @@ def test_a_whole_record_newer_than_the_meta_is_read_alone(make_event: Any) -> No
     assert restored.to_bytes() == fine[START].to_bytes()
 
 
-def test_a_whole_record_older_than_the_meta_reads_as_a_lost_bucket(make_event: Any) -> None:
-    store, _, _ = _chain_of_three(make_event)
-    assert restore_bucket(FINE, START, (5, 6), store.records.get) is None
+def test_a_whole_record_older_than_the_meta_is_read_alone(make_event: Any) -> None:
+    store, _, _, stored = _chain_of_three(make_event)
+    restored = restore_bucket(FINE, START, (5, 6), store.records.get)
+    assert restored is not None
+    assert restored.to_bytes() == stored[0]
+    assert restored.version == 6
+
+
+def test_a_lost_whole_record_is_a_lost_bucket(make_event: Any) -> None:
+    store, _, chain, _ = _chain_of_three(make_event)
+    del store.records[(FINE, START)]
+    assert restore_bucket(FINE, START, chain, store.records.get) is None
 
 
 def test_a_bucket_restored_empty_takes_versions_past_its_lost_chain(make_event: Any) -> None:
@@ -212,7 +233,7 @@ def test_a_bucket_restored_empty_takes_versions_past_its_lost_chain(make_event: 
         ring.add([make_event(START + 2_000 + k, event_id=f"b{k}")])
         store.update(ring.take_changes().upserts)
     meta = ring.take_changes().meta
-    del store[(FINE, START, 2)]  # a record lost in a crash
+    del store[(FINE, START)]  # a record lost in a crash
     restored = SeriesWindows.restore(meta, store.get)
     assert restored.fine[START].refill
     restored.add([make_event(START + 3_000, event_id="c")])

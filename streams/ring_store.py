@@ -78,14 +78,10 @@ class RingRecords:
             # The segments on the old base: delete them once the meta no longer lists them.
             deletes.update(_segments(tier, start, bucket, bucket.version))
             mark_stored(bucket, version, whole=True)
-        changes = Changes(upserts=upserts, deletes=sorted(deletes, key=_order), meta=meta())
+        changes = Changes(upserts=upserts, deletes=sorted(deletes), meta=meta())
         self._dirty.clear()
         self._deleted.clear()
         return changes
-
-
-def _order(key: RecordKey) -> tuple[str, int, int]:
-    return (key[0], key[1], key[2] if len(key) == 3 else 0)  # type: ignore[misc]
 
 
 def chains(fine: dict[int, Bucket]) -> dict[int, tuple[int, int]]:

@@ -140,10 +140,10 @@ def test_combining_exact_and_digest_sketches_keeps_every_value() -> None:
 
 
 def test_a_window_read_without_digests_stays_exact_up_to_the_read_limit() -> None:
-    # Minute buckets of ~500 values each: digest form with every value still in
-    # the tail (below one merge chunk), as the ITL of a busy series' minute is.
+    # Minute buckets of a few more values than a sketch keeps exact: digest form
+    # with every value still in the tail (below one merge chunk).
     rng = np.random.default_rng(4)
-    parts = [Sketch.of(rng.lognormal(3.5, 0.4, 500)) for _ in range(5)]
+    parts = [Sketch.of(rng.lognormal(3.5, 0.4, EXACT_LIMIT + 10)) for _ in range(5)]
     assert not any(p.exact for p in parts)
     values = np.concatenate([p._tail for p in parts])
     read = Sketch.combine(parts, 1000, READ_EXACT_LIMIT)

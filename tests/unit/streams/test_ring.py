@@ -634,11 +634,11 @@ def test_a_restored_ring_reads_windows_byte_for_byte_as_the_live_one(
 def test_a_minute_read_alone_is_exact_even_when_stored_as_a_digest(
     t0: int, make_event: MakeEvent, make_windows: MakeWindows
 ) -> None:
-    # 60 requests × 9 gaps = 540 ITL values: more than a stored bucket keeps
+    # 60 requests × 20 gaps = 1,200 ITL values: more than a stored bucket keeps
     # exact, fewer than a read keeps exact. The 1-minute window of that one
     # closed minute must still give numpy's own percentiles.
     ring = make_windows()
-    gaps = [[10.0 + (i * 7 + j * 13) % 97 for j in range(9)] for i in range(60)]
+    gaps = [[10.0 + (i * 7 + j * 13) % 97 for j in range(20)] for i in range(60)]
     ring.add([make_event(t0 + i * SECOND_MS, itl_ms=gaps[i]) for i in range(60)])
     ring.add([make_event(minute(t0, 5))])  # closes minute 0
     bucket = ring.fine[t0]
@@ -654,9 +654,9 @@ def test_a_closed_minute_read_alone_is_its_own_window_with_the_reads_of_a_merge(
     t0: int, make_event: MakeEvent, make_windows: MakeWindows
 ) -> None:
     windows = make_windows()
-    # 40 requests of 20 gaps: 800 ITL values, past the exact limit (a digest with a tail).
+    # 40 requests of 30 gaps: 1,200 ITL values, past the exact limit (a digest with a tail).
     events = [
-        make_event(minute(t0, 0, s), itl_ms=[30.0 + (s * 7 + k) % 11 for k in range(20)])
+        make_event(minute(t0, 0, s), itl_ms=[30.0 + (s * 7 + k) % 11 for k in range(30)])
         for s in range(40)
     ]
     windows.add(events)

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tailguard.agents.bulk import BulkWriter, read_partition, write_by_key
 from tailguard.agents.gpu import gpu_join
 from tailguard.agents.internal import series_key
 from tailguard.agents.publish import frame
@@ -189,6 +190,8 @@ class BreachEngine:
     slos: Sequence[SloSpec]
     state_table: Any
     gpu_table: Any
+    #: Checkpoints write the changed states through it in bulk (None: key by key).
+    writer: BulkWriter | None = None
     burn: BurnPolicy = field(default_factory=BurnPolicy)
     lifecycle: BreachPolicy = field(default_factory=BreachPolicy)
     silent: SilentPolicy = field(default_factory=SilentPolicy)
@@ -268,7 +271,7 @@ class BreachEngine:
         known = self._known.setdefault(partition, {})
         if skey in known:
             return known[skey]
-        raw = known[skey] = self.state_table.get(skey)
+        raw = known[skey] = read_partition(self.state_table, partition, skey)
         return raw
 
     def _silent_state(self, key: str, partition: int) -> tuple[bytes, SilentState]:
@@ -333,9 +336,13 @@ class BreachEngine:
         """
         keys = self._unsaved.pop(partition, set())
         known = self._known.setdefault(partition, {})
+        puts = []
         for skey in sorted(keys):
-            self.state_table[skey] = known[skey] = self._states.pop(skey)
-        return len(keys)
+            known[skey] = value = self._states.pop(skey)
+            puts.append((skey, value))
+        if self.writer is not None:
+            return self.writer.write(self.state_table, partition, puts)
+        return write_by_key(self.state_table, puts, ())
 
     def forget_partitions(self, partitions: set[int]) -> None:
         """Drop unwritten states of partitions that moved away (their input is replayed)."""

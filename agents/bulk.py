@@ -28,10 +28,12 @@ from typing import Any
 from faust.types import TP
 from tailguard.agents.outputs import Outputs
 
-__all__ = ["BulkWriter", "write_by_key"]
+__all__ = ["BulkWriter", "read_partition", "write_by_key"]
+
+Key = str | bytes
 
 
-def write_by_key(table: Any, puts: Sequence[tuple[str, bytes]], deletes: Sequence[str]) -> int:
+def write_by_key(table: Any, puts: Sequence[tuple[Key, bytes]], deletes: Sequence[Key]) -> int:
     """The same writes through the mapping interface (faust's per-key path, or a dict)."""
     for key, value in puts:
         table[key] = value
@@ -43,6 +45,21 @@ def write_by_key(table: Any, puts: Sequence[tuple[str, bytes]], deletes: Sequenc
 
 def _bulk_capable(table: Any) -> bool:
     return hasattr(getattr(table, "data", None), "_db_for_partition")
+
+
+def _raw(key: Key) -> bytes:
+    return key.encode() if isinstance(key, str) else key
+
+
+def read_partition(table: Any, partition: int, key: Key) -> bytes | None:
+    """The value of ``key`` in ``table``'s ``partition``, read from its database
+    directly (faust's ``Table.get`` costs several µs more a key, and reads the
+    partition of whatever event is current); other tables through their mapping."""
+    if not _bulk_capable(table):
+        value: bytes | None = table.get(key)
+        return value
+    found: bytes | None = table.data._db_for_partition(partition).get(_raw(key))
+    return found
 
 
 class BulkWriter:
@@ -57,13 +74,13 @@ class BulkWriter:
         self,
         table: Any,
         partition: int,
-        puts: Sequence[tuple[str, bytes]],
-        deletes: Sequence[str] = (),
+        puts: Sequence[tuple[Key, bytes]],
+        deletes: Sequence[Key] = (),
     ) -> int:
         """Apply ``puts`` and ``deletes`` to ``table``'s ``partition``; returns the keys written.
 
         Table keys are strings (UTF-8 on disk and on the changelog, as faust's raw
-        codec writes them)."""
+        codec writes them) or bytes (written as they are)."""
         if not puts and not deletes:
             return 0
         if not _bulk_capable(table):
@@ -73,11 +90,11 @@ class BulkWriter:
         batch = WriteBatch(raw_mode=True)
         records: list[tuple[bytes, bytes | None]] = []
         for key, value in puts:
-            raw = key.encode()
+            raw = _raw(key)
             batch.put(raw, value)
             records.append((raw, value))
         for key in deletes:
-            raw = key.encode()
+            raw = _raw(key)
             batch.delete(raw)
             records.append((raw, None))
         table.data._db_for_partition(partition).write(batch)

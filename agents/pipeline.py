@@ -71,15 +71,18 @@ def build(settings: Settings) -> Pipeline:
     # The live SLOs: the admin plane changes them at run time (``slo set``).
     book = SloBook(slos)
     outputs = Outputs(settings.broker)
+    writer = BulkWriter(outputs)
     store = SeriesStore(
         tables.series_meta,
         tables.series_buckets,
         ring,
         book.thresholds,
-        writer=BulkWriter(outputs),
+        writer=writer,
     )
     gpu_cache = GpuCache(settings.broker, topics.gpu.get_topic_name())
-    engine = BreachEngine(slos=book.specs, state_table=tables.breach_state, gpu_table=gpu_cache)
+    engine = BreachEngine(
+        slos=book.specs, state_table=tables.breach_state, gpu_table=gpu_cache, writer=writer
+    )
     stats = WorkerStats()
     telemetry = activate(
         Telemetry(

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from rocksdict import Options, Rdict
-from tailguard.agents.bulk import BulkWriter
+from tailguard.agents.bulk import BulkWriter, read_partition
 
 
 class FakeOutputs:
@@ -116,3 +116,19 @@ def test_a_mapping_without_a_rocksdb_store_is_written_key_by_key() -> None:
     writer = BulkWriter(outputs)  # type: ignore[arg-type]
     assert writer.write(table, 0, [("a", b"1")], ["gone", "never"]) == 3
     assert table == {"a": b"1"} and outputs.records == []
+
+
+def test_bytes_keys_are_written_as_they_are_and_read_back_from_their_partition(
+    tmp_path: Path,
+) -> None:
+    table = Table(tmp_path)
+    outputs = FakeOutputs()
+    writer = BulkWriter(outputs)  # type: ignore[arg-type]
+    key = b"svc|m|v|t\x1fsilent"
+    writer.write(table, 3, [(key, b"state"), ("text", b"t")])
+    assert contents(table.data._db_for_partition(3)) == {key: b"state", b"text": b"t"}
+    assert [r[2] for r in outputs.records] == [key, b"text"]
+    assert read_partition(table, 3, key) == b"state"
+    assert read_partition(table, 3, "text") == b"t"
+    assert read_partition(table, 2, key) is None, "another partition's database is not read"
+    assert read_partition({key: b"m"}, 0, key) == b"m", "a mapping is read through .get"

@@ -106,6 +106,30 @@ def test_a_bad_request_is_dead_lettered_alone_with_the_row_verdict(make_event: A
     assert [ev.event_id for ev in events_of(decoded)] == ["ev-1", "last"]
 
 
+@pytest.mark.parametrize(
+    "trace_id",
+    ["0123456789ABCDEF0123456789abcdef", "0123456789abcdef0123456789abcde\n", "é" * 32, "z" * 32],
+)
+def test_a_trace_id_not_of_lower_case_hex_rejects_its_request_alone(
+    make_event: Any, trace_id: str
+) -> None:
+    good = {**common(make_event("inference")), "trace_id": "0123456789abcdef" * 2}
+    bad = {**good, "event_id": "bad-trace", "trace_id": trace_id}
+    rows = [
+        good,
+        {**good, "event_id": "untraced", "trace_id": None},
+        bad,
+        {**good, "event_id": "z"},
+    ]
+    order = sorted({k for r in rows for k in r} - {*SERIES, "itl_ms"})
+    decoded = decode_columns(raw(columns_doc(rows, order)), now_ms=NOW_MS, limits=LIMITS)
+    alone = decode(as_row(bad, order), "inference", now_ms=NOW_MS).rejects[0]
+    assert [(r.index, r.reason, r.detail) for r in decoded.rejects] == [
+        (2, alone.reason, alone.detail)
+    ]
+    assert [ev.event_id for ev in events_of(decoded)] == ["ev-1", "untraced", "z"]
+
+
 def test_a_wrongly_typed_value_rejects_its_request_not_the_message(make_event: Any) -> None:
     good = make_event("inference")
     rows = [good, {**good, "event_id": "neg", "e2e_ms": -5.0}, {**good, "event_id": "ok2"}]

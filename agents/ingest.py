@@ -171,11 +171,11 @@ def register_ingest(
                 partition = event.message.partition
                 if partition in placed and partition in in_place:
                     folder.hold(partition, stream, event)
-            for partition, groups in here.items():
-                if partition in in_place:  # else moved meanwhile: its new owner replays it
-                    await folder.fold(
-                        partition, groups.series, groups.cols, groups.bounds, groups.gpus
-                    )
+            folded = [partition for partition in here if partition in in_place]
+            for partition in folded:  # others moved meanwhile: their new owner replays them
+                groups = here[partition]
+                await folder.fold(partition, groups.series, groups.cols, groups.bounds, groups.gpus)
+            await folder.checkpoint_due(folded)
 
     async def decode_all(
         events: list[Any], now: int, batch: RequestBatch, taken: set[tuple[int, int]]

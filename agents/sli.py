@@ -56,6 +56,7 @@ def register_sli(app: faust.App, topics: Topics, settings: Settings, folder: Ser
                     continue
                 folder.note_forwarded(groups.series)
                 await folder.fold(partition, groups.series, groups.cols, groups.bounds, groups.gpus)
+                await folder.checkpoint_due([partition])
 
     @app.timer(settings.feeder_idle_s / 4, name="tailguard.sli.idle_feeders")
     async def forget_idle_feeders() -> None:

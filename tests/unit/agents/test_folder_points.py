@@ -1,5 +1,7 @@
 """A closed minute reaches the interference detector straight from the folder."""
 
+import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -64,3 +66,18 @@ def test_provisional_snapshots_send_no_point() -> None:
     out = f.snapshots(f.reads(SERIES, state, T0 + 60_000, final=False), final=False)
     assert [topic for topic, *_ in out if topic == "interference"] == []
     assert any(topic == "sli" for topic, *_ in out)
+
+
+def test_after_a_batch_only_the_partitions_that_are_due_checkpoint_in_the_order_given() -> None:
+    f = folder()
+    done: list[int] = []
+
+    async def checkpoint(partition: int) -> None:
+        done.append(partition)
+
+    f.checkpoint = checkpoint  # type: ignore[method-assign]
+    now = time.monotonic()
+    for partition, last in ((0, now - 100), (1, now), (2, now - 100)):
+        f.cadence.done(partition, last, last)
+    asyncio.run(f.checkpoint_due([2, 1, 0]))
+    assert done == [2, 0]

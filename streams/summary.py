@@ -69,41 +69,57 @@ def summarize_many(
 
     A minute's close summarises a few windows of every series that closed; the
     percentiles of all of them are computed together (:func:`quantiles_many`).
+    A merged bucket read for several windows (they held the same buckets: a
+    young series' 1m, 5m and 1h) is summarised once, and its windows' summaries
+    share what they read of it (percentile rows, stages, exemplars): read them,
+    do not change them.
     """
     qs = list(PERCENTILES.values())
-    names = tuple(PERCENTILES)
-    # Every (window, metric or stage) with values, then all their percentiles at
-    # once; a merged bucket read for several windows (they held the same buckets)
-    # is summarised once.
-    counts: dict[int, dict[str, int]] = {}
+    # Every (bucket, metric or stage) with values, then all their percentiles at once.
+    rows_of: dict[int, dict[str, dict[str, float | int | None]]] = {}
     sketches: list[Sketch] = []
+    slots: list[tuple[dict[str, dict[str, float | int | None]], str, int]] = []
     for bucket, _, _ in windows:
-        if id(bucket) in counts:
+        if id(bucket) in rows_of:
             continue
-        n_of = {name: sketch.n_values for name, sketch in bucket.digests.items()}
-        counts[id(bucket)] = n_of
-        sketches.extend(sketch for name, sketch in bucket.digests.items() if n_of[name])
-    found = iter(quantiles_many(sketches, qs))
-    empty = dict.fromkeys(names)
-    # Percentiles in the order the sketches were listed above.
-    percentiles = {
-        key: {
-            name: {"count": n, **(dict(zip(names, next(found), strict=True)) if n else empty)}
-            for name, n in n_of.items()
-        }
-        for key, n_of in counts.items()
-    }
+        rows = rows_of[id(bucket)] = {}
+        for name, sketch in bucket.digests.items():
+            n = sketch.n_values
+            if n:
+                sketches.append(sketch)
+                slots.append((rows, name, n))
+            else:
+                rows[name] = _no_values()
+    found = quantiles_many(sketches, qs)
+    for (rows, name, n), values in zip(slots, found, strict=True):
+        rows[name] = dict(zip(_ROW, (n, *values), strict=True))
+    shared: dict[int, tuple[Any, Any, list[str]]] = {}
     out = []
     for bucket, window_ms, thresholds in windows:
-        rows = percentiles[id(bucket)]
-        latency = {m: rows.get(m) or {"count": 0, **empty} for m in METRICS}
-        stages = {
-            name[len(STAGE_PREFIX) :]: rows[name]
-            for name in sorted(rows)
-            if name.startswith(STAGE_PREFIX)
-        }
-        out.append(_summary(bucket, window_ms, thresholds, latency, stages, with_digests))
+        parts = shared.get(id(bucket))
+        if parts is None:
+            rows = rows_of[id(bucket)]
+            latency = {m: rows.get(m) or _no_values() for m in METRICS}
+            stages = {
+                name[len(STAGE_PREFIX) :]: rows[name]
+                for name in sorted(rows)
+                if name.startswith(STAGE_PREFIX)
+            }
+            exemplars = [trace for _, trace in bucket.exemplars]
+            parts = shared[id(bucket)] = (latency, stages, exemplars)
+        out.append(_summary(bucket, window_ms, thresholds, *parts, with_digests))
     return out
+
+
+#: Keys of a metric's row: its value count, then its percentiles.
+_ROW = ("count", *PERCENTILES)
+
+
+_NONE = (0, *(None for _ in PERCENTILES))
+
+
+def _no_values() -> dict[str, float | int | None]:
+    return dict(zip(_ROW, _NONE, strict=True))
 
 
 def _summary(
@@ -112,6 +128,7 @@ def _summary(
     thresholds: Thresholds,
     latency: dict[str, dict[str, float | int | None]],
     stages: dict[str, dict[str, float | int | None]],
+    exemplars: list[str],
     with_digests: bool,
 ) -> WindowSummary:
     c = bucket.counters
@@ -131,7 +148,7 @@ def _summary(
         slo_compliance=thresholds.ttft_weight * ttft_c + thresholds.itl_weight * itl_c,
         goodput_rps=c.good_requests / (window_ms / 1000.0),
         latency=latency,
-        exemplars=[trace for _, trace in bucket.exemplars],
+        exemplars=exemplars,
         digests=digests,
         stages=stages,
     )

@@ -22,6 +22,7 @@ __all__ = [
     "PER_MS",
     "make_messages",
     "make_placed_messages",
+    "make_placed_workload",
     "series_fields",
 ]
 
@@ -47,18 +48,35 @@ def make_messages(n: int, series: int, seed: int = 1) -> list[bytes]:
     return [value for _, value in make_placed_messages(n, series, seed, partitions=None)]
 
 
+Placed = list[tuple[int | None, bytes]]
+
+
 def make_placed_messages(
     n: int,
     series: int,
     seed: int = 1,
     partitions: int | None = PARTITIONS,
     encoding: str = "rows",
-) -> list[tuple[int | None, bytes]]:
+) -> Placed:
     """:func:`make_messages` as ``(partition, message)``: with ``partitions``, every
     message holds up to ``PER_MESSAGE`` events of one home partition, in event
     time order; without, ``PER_MESSAGE`` consecutive events and no partition (but
     the closing requests: one per series on each of the ``PARTITIONS`` partitions,
     which all feed every series then)."""
+    requests, closing = make_placed_workload(n, series, seed, partitions, encoding)
+    return requests + closing
+
+
+def make_placed_workload(
+    n: int,
+    series: int,
+    seed: int = 1,
+    partitions: int | None = PARTITIONS,
+    encoding: str = "rows",
+) -> tuple[Placed, Placed]:
+    """:func:`make_placed_messages` in two parts: the ``n`` requests, and the
+    messages of the closing requests after them (a benchmark sends those once the
+    requests are folded, to time the close of their minute alone)."""
     rng = np.random.default_rng(seed)
     encode = msgspec.json.Encoder().encode if encoding == "rows" else encode_columns
     # The minute the events fill ends on a 5-minute boundary: the close then
@@ -71,7 +89,7 @@ def make_placed_messages(
     home = [
         None if partitions is None else home_partition(series_key_of(f), partitions) for f in names
     ]
-    msgs: list[tuple[int | None, bytes]] = []
+    msgs: Placed = []
     open_: dict[int | None, list[dict[str, Any]]] = {}
 
     def add(s: int, event: dict[str, Any]) -> None:
@@ -122,15 +140,16 @@ def make_placed_messages(
             "output_tokens": 1,
         }
 
+    requests = len(msgs)
     if partitions is not None:
         for s in range(series):
             add(s, closing_request(s, f"close{s}"))
         close_all()
-        return msgs
+        return msgs[:requests], msgs[requests:]
     # At random every partition feeds every series, and a series' watermark is the
     # lowest of its partitions': one closing request per series on each partition.
     for part in range(PARTITIONS):
         batch = [closing_request(s, f"close{s}-{part}") for s in range(series)]
         for lo in range(0, series, PER_MESSAGE):
             msgs.append((part, encode(batch[lo : lo + PER_MESSAGE])))
-    return msgs
+    return msgs[:requests], msgs[requests:]

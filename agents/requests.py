@@ -298,7 +298,7 @@ class RequestBatch:
         values = self._flat(name, from_row)
         if not any(values):
             return None
-        return [values[i] for i in order.tolist()]
+        return list(map(values.__getitem__, order.tolist()))
 
 
 def _runs(part: np.ndarray, offset: np.ndarray, bounds: list[int]) -> list[list[Run]]:
@@ -309,12 +309,9 @@ def _runs(part: np.ndarray, offset: np.ndarray, bounds: list[int]) -> list[list[
     cut[0] = cut[n] = True
     cut[1:n] = (part[1:] != part[:-1]) | (offset[1:] != offset[:-1])
     cut[bounds] = True
-    edges = np.flatnonzero(cut).tolist()
-    parts, offsets = part.tolist(), offset.tolist()
-    out: list[list[Run]] = [[] for _ in range(len(bounds) - 1)]
-    group = 0
-    for lo, hi in pairwise(edges):
-        while lo >= bounds[group + 1]:
-            group += 1
-        out[group].append((parts[lo], offsets[lo], 0, hi - lo))
-    return out
+    edges = np.flatnonzero(cut)
+    lo = edges[:-1]
+    runs = list(zip(part[lo].tolist(), offset[lo].tolist(), repeat(0), np.diff(edges).tolist()))
+    # Runs never cross a group's bounds (cut there): each group's are consecutive.
+    first = np.searchsorted(lo, bounds).tolist()
+    return [runs[a:b] for a, b in pairwise(first)]

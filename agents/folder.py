@@ -54,7 +54,13 @@ import numpy as np
 from faust.streams import _current_event
 from tailguard.agents.breaches import BreachEngine
 from tailguard.agents.feeders import IdleFeeders
-from tailguard.agents.interference_wire import encode_internal, point_of
+from tailguard.agents.interference_wire import (
+    POINTS_PER_MESSAGE,
+    PointMsg,
+    PointsMsg,
+    encode_internal,
+    point_of,
+)
 from tailguard.agents.internal import series_key
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
@@ -216,6 +222,9 @@ class SeriesFolder:
         #: :meth:`note_forwarded`).
         self.forwarded: set[Series] = set()
         self.idle_feeders = IdleFeeders(settings.feeder_idle_s)
+        #: Closed minutes for the interference detector, per deployment, until
+        #: :meth:`send_points`.
+        self.points: dict[str, list[PointMsg]] = {}
         self._specs: dict[str, list[Any]] = {}
         #: ``engine.slo_version`` the cached specs were resolved under (admin ``slo set``).
         self._specs_version = engine.slo_version
@@ -292,6 +301,7 @@ class SeriesFolder:
         stats.close_seconds += time.perf_counter() - started
         self.send_all(finals)
         self.send_all(outgoing)
+        self.send_points()
 
     async def checkpoint_due(self, partitions: Iterable[int]) -> None:
         """Checkpoint those of ``partitions`` that are due: after a batch's folds,
@@ -317,6 +327,7 @@ class SeriesFolder:
                     self.store.mark_unsaved(key, cached.partition)
                 self.send_all(self.snapshots(closing, final=True))
                 self.send_all(outgoing)
+            self.send_points()
         return len(found)
 
     # -- outputs --------------------------------------------------------------
@@ -350,9 +361,7 @@ class SeriesFolder:
             if final and window == _POINT_WINDOW:
                 # The closed minute, for the interference detector of its deployment.
                 point = point_of(series, end_ms, summary)
-                out.append(
-                    (self.interference_topic, point.deployment.encode(), encode_internal(point), [])
-                )
+                self.points.setdefault(point.deployment, []).append(point)
         return out
 
     def send_all(self, outgoing: Outgoing) -> None:
@@ -362,6 +371,27 @@ class SeriesFolder:
                 self.stats.snapshots += 1
             else:
                 self.stats.breach_events += 1
+
+    def send_points(self) -> None:
+        """Send the closed minutes gathered since the last call (:meth:`point_records`)."""
+        for key, value in self.point_records():
+            self.outputs.send(self.interference_topic, key, value, [])
+
+    def point_records(self) -> list[tuple[bytes, bytes]]:
+        """The closed minutes gathered since the last call as records, one per
+        deployment (:class:`PointsMsg`, in the order they closed), and forget them.
+
+        The detector then reads and writes a deployment's state once for all the
+        series one fold closed; a record per series rewrote it once a series —
+        and the state lists every series, so a deployment's state bytes a minute
+        grew with the square of its tenants."""
+        out = []
+        for deployment, points in self.points.items():
+            key = deployment.encode()
+            for lo in range(0, len(points), POINTS_PER_MESSAGE):
+                out.append((key, encode_internal(PointsMsg(points[lo : lo + POINTS_PER_MESSAGE]))))
+        self.points.clear()
+        return out
 
     def _closer(
         self,

@@ -6,8 +6,8 @@ their own key and ``tailguard.kv`` is keyed by instance. So both are re-keyed
 onto one internal topic keyed by deployment
 (:mod:`~tailguard.agents.interference_wire`)::
 
-    series folder ── a series' minute closes: its point ── key service|model ──┐
-    (agents/folder.py, beside the final 1m snapshot)                          ▼
+    series folder ── minutes a fold closed: their points ─ key service|model ─┐
+    (agents/folder.py, beside the final 1m snapshots; a record per deployment) ▼
                                                      tailguard.internal.interference
     tailguard.kv ──▶ KV agent (agents/kv.py) ── closed KV minutes, ──────────▲   │
     (key: instance)                              to every partition              ▼
@@ -15,7 +15,10 @@ onto one internal topic keyed by deployment
                                            └──▶ tailguard.breaches (kind interference)
 
 The points come from the fold, not from ``tailguard.sli``: one hop from the
-close to the detector, and no worker reads back its own snapshots.
+close to the detector, and no worker reads back its own snapshots. A record
+holds the points of one deployment's series that one fold closed
+(:class:`~tailguard.agents.interference_wire.PointsMsg`), so the detector reads
+and writes the deployment's state once a record, not once a series.
 
 Why an internal topic and not a table: a faust table write lands in the
 partition of the *current event*, so a table cannot move data between keys
@@ -26,7 +29,8 @@ broken (faust-streaming#497), so every agent here iterates
 State, all in RocksDB tables changelogged per partition of the internal topic:
 
 - ``D␟service|model`` → :class:`~tailguard.streams.interference.DeploymentState`
-  (series progress, victims' episodes and open breaches; a few hundred bytes);
+  (series progress, victims' episodes and open breaches: a few dozen bytes a
+  series of the deployment);
 - ``S␟service|model|variant|tenant`` → the series' recent points
   (:class:`~tailguard.streams.interference.SeriesHistory`, ≤ 45 minutes);
   one small write per point, the deployment's histories are read only when
@@ -76,7 +80,14 @@ from typing import Any
 
 import faust
 from faust.types import TP
-from tailguard.agents.interference_wire import KvMsg, TickMsg, decode_internal, encode_internal
+from tailguard.agents.interference_wire import (
+    KvMsg,
+    PointMsg,
+    PointsMsg,
+    TickMsg,
+    decode_internal,
+    encode_internal,
+)
 from tailguard.agents.internal import partition_for, series_key
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
@@ -381,8 +392,14 @@ def register_interference(
             if isinstance(msg, KvMsg):
                 store.add_kv(partition, msg)
                 continue
-            deployment = msg.deployment
-            state = store.state(deployment, msg.service, msg.model)
+            if isinstance(msg, PointsMsg | PointMsg):
+                states: dict[str, DeploymentState] = {}
+                points = msg.points if isinstance(msg, PointsMsg) else [msg]
+                if await take_points(partition, states, points):
+                    for state in states.values():
+                        store.save_state(state)
+                continue
+            state = store.state(msg.deployment, msg.service, msg.model)
             if isinstance(msg, TickMsg):
                 if state.first_ms is None:
                     continue  # no point of this deployment here (yet)
@@ -398,7 +415,22 @@ def register_interference(
                     await publish(done.transitions)
                 if done.evaluated:
                     store.save_state(state)
-                continue
+
+    async def take_points(
+        partition: int, states: dict[str, DeploymentState], points: list[PointMsg]
+    ) -> bool:
+        """Offer ``points`` in order (``states``: each deployment's, read once and
+        updated in place; the caller saves them); whether any state changed.
+
+        A replayed point (its history holds it) still counts as reported in its
+        deployment's state: a crash between the history's write and the state's
+        would otherwise leave that series behind until it stalls."""
+        changed = False
+        for msg in points:
+            deployment = msg.deployment
+            state = states.get(deployment)
+            if state is None:
+                state = states[deployment] = store.state(deployment, msg.service, msg.model)
             history = store.history(deployment, msg.variant, msg.tenant)
             done = offer(
                 state,
@@ -412,14 +444,18 @@ def register_interference(
             )
             if not done.accepted:
                 counters.replayed_points += 1
+                before = dict(state.series)
+                state.note(msg.variant, msg.tenant, msg.point.end_ms)
+                changed |= state.series != before
                 continue
+            changed = True
             counters.points += 1
             counters.late_points += done.late
             counters.minutes_evaluated += len(done.evaluated)
             store.save_history(deployment, history)
             if done.transitions:
                 await publish(done.transitions)
-            store.save_state(state)
+        return changed
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:

@@ -4,9 +4,11 @@ The tenant-interference detector must see every tenant of a deployment
 (service, model) together, so everything it reads is re-keyed by deployment
 onto this topic (msgpack, tagged):
 
-- :class:`PointMsg`: one series' closed minute, sent by the series folder
-  itself when the minute closes (:func:`point_of`, from the same summary as
-  the final 1-minute snapshot on ``tailguard.sli``);
+- :class:`PointsMsg`: the closed minutes of a deployment's series that one
+  fold closed, sent by the series folder (:func:`point_of`, from the same
+  summaries as the final 1-minute snapshots on ``tailguard.sli``; at most
+  :data:`POINTS_PER_MESSAGE` a record); :class:`PointMsg`, one series' closed
+  minute, is what it sent before, and still decodes;
 - :class:`KvMsg`: one instance's closed KV minute, sent to every partition;
 - :class:`TickMsg`: "judge this deployment again", from the worker's own timer.
 """
@@ -17,9 +19,11 @@ from tailguard.streams.interference import SliPoint
 from tailguard.streams.kv import KvMinute
 
 __all__ = [
+    "POINTS_PER_MESSAGE",
     "InternalMsg",
     "KvMsg",
     "PointMsg",
+    "PointsMsg",
     "TickMsg",
     "decode_internal",
     "encode_internal",
@@ -28,6 +32,8 @@ __all__ = [
 
 #: Exemplar traces a point carries at most.
 _EXEMPLARS = 5
+#: Points a :class:`PointsMsg` holds at most (~250 bytes each with five exemplars).
+POINTS_PER_MESSAGE = 1_000
 
 
 class PointMsg(msgspec.Struct, tag="p", array_like=True):
@@ -43,6 +49,13 @@ class PointMsg(msgspec.Struct, tag="p", array_like=True):
     @property
     def deployment(self) -> str:
         return f"{self.service}|{self.model}"
+
+
+class PointsMsg(msgspec.Struct, tag="ps", array_like=True):
+    """Points of one deployment's series, in the order their minutes closed: the
+    detector reads and writes the deployment's state once for all of them."""
+
+    points: list[PointMsg]
 
 
 class KvMsg(msgspec.Struct, tag="k", array_like=True):
@@ -65,7 +78,7 @@ class TickMsg(msgspec.Struct, tag="t", array_like=True):
         return f"{self.service}|{self.model}"
 
 
-InternalMsg = PointMsg | KvMsg | TickMsg
+InternalMsg = PointMsg | PointsMsg | KvMsg | TickMsg
 encode_internal = msgspec.msgpack.Encoder().encode
 _decode_internal = msgspec.msgpack.Decoder(InternalMsg).decode
 

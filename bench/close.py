@@ -101,13 +101,15 @@ def _folder() -> tuple[SeriesFolder, BreachEngine]:
 def replay_closes(
     closes: list[tuple[tuple[str, str, str, str], int]],
     states: dict[tuple[str, str, str, str], SeriesWindows],
-) -> tuple[list[float], list[Any]]:
-    """Each close through the worker's own close, ``ROUNDS`` times: seconds per round
-    and what the last round would have published."""
+) -> tuple[list[float], list[Any], tuple[int, int]]:
+    """Each close through the worker's own close, ``ROUNDS`` times: seconds per round,
+    what the last round would have published, and its interference points and
+    their records."""
     folder, engine = _folder()
     specs = {s: engine.specs_for(s) for s, _ in closes}
     rounds = []
     outgoing: list[Any] = []
+    points, records = 0, []
     for _ in range(ROUNDS):
         closing: list[Any] = []
         outgoing = []
@@ -118,11 +120,13 @@ def replay_closes(
             cached = CachedSeries(states[series], 0)
             folder._closer(series, key, cached, specs[series], closing, outgoing)(end)
         outgoing.extend(folder.snapshots(closing, final=True))
+        points = sum(len(p) for p in folder.points.values())
+        records = folder.point_records()  # what goes to the interference detector
         rounds.append(time.perf_counter() - started)
         gc.enable()
         for state in states.values():
             state.release_window_cache()
-    return rounds, outgoing
+    return rounds, outgoing, (points, len(records))
 
 
 def steady_states(n_series: int) -> tuple[list[Any], dict[Any, SeriesWindows]]:
@@ -156,11 +160,11 @@ def main() -> None:
     gc.set_threshold(100_000, 50, 100)
     states: dict[tuple[str, str, str, str], SeriesWindows] = {}
     closes = fold_and_record(states)
-    rounds, outgoing = replay_closes(closes, states)
+    rounds, outgoing, (points, point_records) = replay_closes(closes, states)
     seconds = min(rounds)
     n_series = len({s for s, _ in closes})
     steady_closes, steady = steady_states(STEADY_SERIES)
-    steady_rounds, _ = replay_closes(steady_closes, steady)
+    steady_rounds, _, _ = replay_closes(steady_closes, steady)
     per_steady = min(steady_rounds) / len(steady_closes)
     _, engine = _folder()
     result = {
@@ -176,7 +180,8 @@ def main() -> None:
         "published": {
             "snapshots": sum(1 for topic, *_ in outgoing if topic == "sli"),
             "breach_events": sum(1 for topic, *_ in outgoing if topic == "breaches"),
-            "interference_points": sum(1 for topic, *_ in outgoing if topic == "interference"),
+            "interference_points": points,
+            "interference_records": point_records,
         },
         "steady": {
             "history": "3 days and 1 hour, 10 requests a minute",

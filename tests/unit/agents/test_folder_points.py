@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 from tailguard.agents.breaches import BreachEngine
 from tailguard.agents.folder import SeriesFolder
-from tailguard.agents.interference_wire import PointMsg, decode_internal
+from tailguard.agents.interference_wire import POINTS_PER_MESSAGE, PointsMsg, decode_internal
 from tailguard.agents.pipeline import default_slos
 from tailguard.agents.settings import Settings
 from tailguard.agents.stats import WorkerStats
@@ -41,12 +41,14 @@ def closed_minute() -> SeriesWindows:
 def test_a_final_one_minute_snapshot_comes_with_its_point_for_the_deployment() -> None:
     f, state = folder(), closed_minute()
     out = f.snapshots(f.reads(SERIES, state, T0 + 60_000, final=True), final=True)
-    points = [
-        (key, decode_internal(value)) for topic, key, value, _ in out if topic == "interference"
-    ]
-    assert len(points) == 1  # the 1m window only, not 5m or 1h
-    key, msg = points[0]
-    assert key == b"chat|m1" and isinstance(msg, PointMsg)
+    assert all(topic != "interference" for topic, *_ in out)  # gathered, sent per fold
+    records = f.point_records()
+    assert len(records) == 1 and not f.points
+    key, value = records[0]
+    batch = decode_internal(value)
+    assert key == b"chat|m1" and isinstance(batch, PointsMsg)
+    assert len(batch.points) == 1  # the 1m window only, not 5m or 1h
+    msg = batch.points[0]
     snapshot = next(
         msgspec.json.decode(value)
         for topic, _, value, _ in out
@@ -81,3 +83,20 @@ def test_after_a_batch_only_the_partitions_that_are_due_checkpoint_in_the_order_
         f.cadence.done(partition, last, last)
     asyncio.run(f.checkpoint_due([2, 1, 0]))
     assert done == [2, 0]
+
+
+def test_the_points_of_a_fold_go_as_one_record_per_deployment_in_the_order_they_closed() -> None:
+    f = folder()
+    tenants = [f"t{i}" for i in range(POINTS_PER_MESSAGE + 2)]
+    for tenant in tenants:
+        series = ("chat", "m1", "control", tenant)
+        f.snapshots(f.reads(series, closed_minute(), T0 + 60_000, final=True), final=True)
+    other = ("search", "m2", "control", "acme")
+    f.snapshots(f.reads(other, closed_minute(), T0 + 60_000, final=True), final=True)
+    records = [(key, decode_internal(value)) for key, value in f.point_records()]
+    assert [key for key, _ in records] == [b"chat|m1", b"chat|m1", b"search|m2"]
+    sizes = [len(msg.points) for _, msg in records]  # type: ignore[union-attr]
+    assert sizes == [POINTS_PER_MESSAGE, 2, 1]
+    sent = [p.tenant for _, msg in records[:2] for p in msg.points]  # type: ignore[union-attr]
+    assert sent == tenants
+    assert f.point_records() == []

@@ -3,7 +3,14 @@
 import msgspec
 import pytest
 from tailguard.agents.interference import interference_payload
-from tailguard.agents.interference_wire import KvMsg, PointMsg, TickMsg, decode_internal, point_of
+from tailguard.agents.interference_wire import (
+    KvMsg,
+    PointMsg,
+    PointsMsg,
+    TickMsg,
+    decode_internal,
+    point_of,
+)
 from tailguard.agents.kv import KvStats, apply_snapshots
 from tailguard.agents.publish import frame
 from tailguard.schemas import KvSequence, KvSnapshot
@@ -67,6 +74,10 @@ def test_internal_records_round_trip_and_garbage_is_refused() -> None:
     enc = msgspec.msgpack.Encoder()
     assert decode_internal(enc.encode(point)) == point
     assert decode_internal(enc.encode(kv)) == kv
+    batch = PointsMsg(
+        [point, PointMsg("chat", "m", "v2", "globex", SliPoint(end_ms=T0_MS, count=1))]
+    )
+    assert decode_internal(enc.encode(batch)) == batch
     tick = TickMsg("chat", "m")
     assert decode_internal(enc.encode(tick)) == tick and tick.deployment == "chat|m"
     with pytest.raises(ValueError, match=r"."):

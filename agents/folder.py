@@ -42,7 +42,6 @@ whichever agent calls and whatever event faust last delivered.
 """
 
 import asyncio
-import hashlib
 import time
 import weakref
 from collections.abc import Iterable, Iterator
@@ -65,19 +64,18 @@ from tailguard.agents.internal import series_key
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
+from tailguard.agents.sli_payload import final_cadence_ms, payload_of
 from tailguard.agents.state import CachedSeries, CheckpointInterrupted, SeriesStore
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.telemetry import Telemetry
 from tailguard.agents.topics import Topics
 from tailguard.schemas.placement import series_of_key
-from tailguard.streams import WINDOWS, SeriesWindows, WindowSummary, summarize, summarize_many
+from tailguard.streams import WINDOWS, SeriesWindows, summarize_many
 from tailguard.streams.bucket import Bucket
 from tailguard.streams.columns import Columns
 from tailguard.streams.fold import fold_many
 
-__all__ = ["SLI_SCHEMA", "SeriesFolder", "final_cadence_ms", "snapshot_payload"]
-
-SLI_SCHEMA = "tailguard.sli.v1"
+__all__ = ["SeriesFolder"]
 
 Series = tuple[str, str, str, str]
 Outgoing = list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]
@@ -94,79 +92,6 @@ _MAX_FORWARDED_SERIES = 200_000
 _SUMMARY_CHUNK = 256
 #: The window whose final snapshots are also the interference detector's points.
 _POINT_WINDOW = "1m"
-
-
-def final_cadence_ms(window: str) -> int:
-    """How often (event time) a final snapshot of ``window`` is published.
-
-    Every minute for windows up to 5 m, every 5 minutes up to 1 h, hourly
-    beyond: a 1 h window barely moves in a minute, and merging its 60 buckets
-    for every series every minute would dominate the worker when it catches up.
-    """
-    ms = WINDOWS[window]
-    if ms <= 300_000:
-        return 60_000
-    if ms <= 3_600_000:
-        return 300_000
-    return 3_600_000
-
-
-def snapshot_payload(
-    series: Series,
-    state: SeriesWindows,
-    window: str,
-    end_ms: int,
-    *,
-    final: bool,
-    now_ms: int,
-    with_digests: bool = False,
-) -> dict[str, Any]:
-    """The ``tailguard.sli.v1`` event of one series and window."""
-    window_ms = WINDOWS[window]
-    merged = state.window(window_ms, end_ms)
-    summary = summarize(merged, window_ms, state.thresholds, with_digests=with_digests)
-    return _payload(series, state, window, end_ms, summary, final=final, now_ms=now_ms)
-
-
-def _payload(
-    series: Series,
-    state: SeriesWindows,
-    window: str,
-    end_ms: int,
-    s: WindowSummary,
-    *,
-    final: bool,
-    now_ms: int,
-) -> dict[str, Any]:
-    service, model, variant, tenant = series
-    key = series_key(*series)
-    ident = f"{key}|{window}|{end_ms}|{'final' if final else s.count}"
-    payload: dict[str, Any] = {
-        "schema": SLI_SCHEMA,
-        "event_id": hashlib.blake2b(ident.encode(), digest_size=16).hexdigest(),
-        "ts_ms": now_ms,
-        "series": {"service": service, "model": model, "variant": variant, "tenant": tenant},
-        "window": window,
-        "window_s": WINDOWS[window] // 1000,
-        "window_end_ms": end_ms,
-        "final": final,
-        "count": s.count,
-        "errors": s.errors,
-        "cancelled": s.cancelled,
-        "success_rate": s.success_rate,
-        "ttft_compliance": s.ttft_compliance,
-        "itl_compliance": s.itl_compliance,
-        "slo_compliance": s.slo_compliance,
-        "goodput_rps": s.goodput_rps,
-        "late": state.late,
-        "duplicates": state.duplicates,
-        "exemplars": s.exemplars,
-        **s.latency,
-        "stages_ms": s.stages,
-    }
-    if s.digests is not None:
-        payload["digests"] = s.digests
-    return payload
 
 
 def _note_gpus(cached: CachedSeries, gpus: list[tuple[str, int, int]]) -> None:
@@ -353,7 +278,7 @@ class SeriesFolder:
         )
         out: Outgoing = []
         for (series, state, window, end_ms, _), summary in zip(reads, summaries, strict=True):
-            payload = _payload(series, state, window, end_ms, summary, final=final, now_ms=now)
+            payload = payload_of(series, state, window, end_ms, summary, final=final, now_ms=now)
             if self.telemetry is not None:
                 self.telemetry.observe_sli(series, window, payload)
             value, headers = frame(payload, source=settings.source)

@@ -19,9 +19,10 @@ from typing import Any
 
 import faust
 from faust.types import TP
-from tailguard.agents.folder import Read, SeriesFolder, final_cadence_ms, snapshot_payload
+from tailguard.agents.folder import Read, SeriesFolder
 from tailguard.agents.internal import decode_groups, partition_for
 from tailguard.agents.settings import Settings
+from tailguard.agents.sli_payload import final_cadence_ms, snapshot_payload
 from tailguard.agents.topics import Topics
 from tailguard.schemas.placement import series_of_key
 

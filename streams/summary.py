@@ -50,6 +50,10 @@ class WindowSummary:
     stages: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
 
 
+#: A metric's (or stage's) row per name: ``count`` and its percentiles.
+_Rows = dict[str, dict[str, float | int | None]]
+
+
 def _ratio(good: int, total: int) -> float:
     return 1.0 if total == 0 else good / total
 
@@ -76,9 +80,9 @@ def summarize_many(
     """
     qs = list(PERCENTILES.values())
     # Every (bucket, metric or stage) with values, then all their percentiles at once.
-    rows_of: dict[int, dict[str, dict[str, float | int | None]]] = {}
+    rows_of: dict[int, _Rows] = {}
     sketches: list[Sketch] = []
-    slots: list[tuple[dict[str, dict[str, float | int | None]], str, int]] = []
+    slots: list[tuple[_Rows, str, int]] = []
     for bucket, _, _ in windows:
         if id(bucket) in rows_of:
             continue
@@ -93,7 +97,7 @@ def summarize_many(
     found = quantiles_many(sketches, qs)
     for (rows, name, n), values in zip(slots, found, strict=True):
         rows[name] = dict(zip(_ROW, (n, *values), strict=True))
-    shared: dict[int, tuple[Any, Any, list[str]]] = {}
+    shared: dict[int, tuple[_Rows, _Rows, list[str]]] = {}
     out = []
     for bucket, window_ms, thresholds in windows:
         parts = shared.get(id(bucket))
@@ -105,9 +109,11 @@ def summarize_many(
                 for name in sorted(rows)
                 if name.startswith(STAGE_PREFIX)
             }
-            exemplars = [trace for _, trace in bucket.exemplars]
-            parts = shared[id(bucket)] = (latency, stages, exemplars)
-        out.append(_summary(bucket, window_ms, thresholds, *parts, with_digests))
+            parts = shared[id(bucket)] = (latency, stages, [t for _, t in bucket.exemplars])
+        latency, stages, exemplars = parts
+        out.append(
+            _summary(bucket, window_ms, thresholds, latency, stages, exemplars, with_digests)
+        )
     return out
 
 

@@ -46,9 +46,12 @@ class Settings:
     #: one that has brought it nothing for this long (wall time) is no longer waited for.
     feeder_idle_s: float = 60.0
     #: Ingest batching: forward per-series batches every ``ingest_batch`` messages or
-    #: ``ingest_within_s`` seconds, whichever comes first.
+    #: ``ingest_within_s`` seconds, whichever comes first — or once no message has
+    #: come for ``ingest_idle_s`` (the input is caught up: waiting on only delays
+    #: what the batch closes, such as a minute's final snapshots).
     ingest_batch: int = 500
     ingest_within_s: float = 0.5
+    ingest_idle_s: float = 0.05
     #: Wall-clock period of state checkpoints per partition: changed series are
     #: written to the tables and the input they hold is acknowledged (so the
     #: consumer offset never runs ahead of the stored state).
@@ -111,8 +114,9 @@ class Settings:
         if self.feeder_idle_s <= 0:
             msg = f"feeder_idle_s must be > 0, got {self.feeder_idle_s}"
             raise SettingsError(msg)
-        if self.ingest_batch < 1 or self.ingest_within_s <= 0:
-            msg = "ingest_batch must be ≥ 1 and ingest_within_s > 0"
+        if self.ingest_batch < 1 or not 0 < self.ingest_idle_s <= self.ingest_within_s:
+            got = (self.ingest_batch, self.ingest_idle_s, self.ingest_within_s)
+            msg = f"ingest_batch must be ≥ 1 and 0 < ingest_idle_s ≤ ingest_within_s, got {got}"
             raise SettingsError(msg)
 
     def checkpoint_cadence(self) -> CheckpointCadence:
@@ -142,6 +146,8 @@ class Settings:
             values["checkpoint_max_share"] = float(env["TAILGUARD_CHECKPOINT_SHARE"])
         if env.get("TAILGUARD_CHECKPOINT_MAX_S"):
             values["checkpoint_max_interval_s"] = float(env["TAILGUARD_CHECKPOINT_MAX_S"])
+        if env.get("TAILGUARD_INGEST_IDLE_S"):
+            values["ingest_idle_s"] = float(env["TAILGUARD_INGEST_IDLE_S"])
         if env.get("TAILGUARD_FEEDER_IDLE_S"):
             values["feeder_idle_s"] = float(env["TAILGUARD_FEEDER_IDLE_S"])
         if env.get("TAILGUARD_WEB_PORT"):

@@ -1,0 +1,36 @@
+"""When the ingest agent processes a batch that is not full."""
+
+from typing import Any
+
+import pytest
+from tailguard.agents.errors import SettingsError
+from tailguard.agents.ingest import partial_batch_due
+from tailguard.agents.settings import Settings
+
+S = Settings(ingest_within_s=0.5, ingest_idle_s=0.05)
+
+
+def test_a_partial_batch_waits_while_messages_keep_coming() -> None:
+    # Oldest 0.3 s old, newest 10 ms old: more may follow, and the batch may fill.
+    assert not partial_batch_due(S, now=10.0, oldest=9.7, newest=9.99)
+
+
+def test_a_partial_batch_goes_once_the_input_is_caught_up() -> None:
+    # Nothing for 60 ms: waiting on would only delay what the batch closes.
+    assert partial_batch_due(S, now=10.0, oldest=9.9, newest=9.94)
+
+
+def test_a_partial_batch_goes_when_its_oldest_message_is_old_enough() -> None:
+    # Messages keep trickling in, but the oldest has waited the longest a batch may.
+    assert partial_batch_due(S, now=10.0, oldest=9.5, newest=9.999)
+
+
+def test_the_idle_time_comes_from_the_environment_and_fits_the_batch_time(
+    monkeypatch: Any,
+) -> None:
+    monkeypatch.setenv("TAILGUARD_INGEST_IDLE_S", "0.02")
+    assert Settings.from_env().ingest_idle_s == 0.02
+    with pytest.raises(SettingsError, match="ingest_idle_s"):
+        Settings(ingest_idle_s=0)
+    with pytest.raises(SettingsError, match="ingest_idle_s"):
+        Settings(ingest_within_s=0.5, ingest_idle_s=1.0)

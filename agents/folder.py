@@ -15,8 +15,9 @@ its state in the tables. For each batch of one partition the folder:
    idempotent per bucket and input offset;
 3. for every minute bucket the event-time watermark closed, publishes a *final*
    snapshot of each configured window ending there, evaluates the SLOs, and
-   sends the closed minute to its deployment's interference detector
-   (``tailguard.internal.interference``, keyed by service|model);
+   gathers the closed minute for its deployment's interference detector
+   (``tailguard.internal.interference``, keyed by service|model: one record per
+   deployment and fold, :meth:`SeriesFolder.point_records`);
 4. once every partition of the batch is folded and its closes published
    (:meth:`SeriesFolder.checkpoint_due`), every ``checkpoint_interval_s`` per
    partition, or less often when that would take more than

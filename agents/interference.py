@@ -393,11 +393,7 @@ def register_interference(
                 store.add_kv(partition, msg)
                 continue
             if isinstance(msg, PointsMsg | PointMsg):
-                states: dict[str, DeploymentState] = {}
-                points = msg.points if isinstance(msg, PointsMsg) else [msg]
-                if await take_points(partition, states, points):
-                    for state in states.values():
-                        store.save_state(state)
+                await take_points(partition, msg.points if isinstance(msg, PointsMsg) else [msg])
                 continue
             state = store.state(msg.deployment, msg.service, msg.model)
             if isinstance(msg, TickMsg):
@@ -416,16 +412,11 @@ def register_interference(
                 if done.evaluated:
                     store.save_state(state)
 
-    async def take_points(
-        partition: int, states: dict[str, DeploymentState], points: list[PointMsg]
-    ) -> bool:
-        """Offer ``points`` in order (``states``: each deployment's, read once and
-        updated in place; the caller saves them); whether any state changed.
-
-        A replayed point (its history holds it) still counts as reported in its
-        deployment's state: a crash between the history's write and the state's
-        would otherwise leave that series behind until it stalls."""
-        changed = False
+    async def take_points(partition: int, points: list[PointMsg]) -> None:
+        """Offer ``points`` in order; each deployment's state is read once and
+        written once, after its points (if any was taken)."""
+        states: dict[str, DeploymentState] = {}
+        taken: set[str] = set()
         for msg in points:
             deployment = msg.deployment
             state = states.get(deployment)
@@ -444,18 +435,16 @@ def register_interference(
             )
             if not done.accepted:
                 counters.replayed_points += 1
-                before = dict(state.series)
-                state.note(msg.variant, msg.tenant, msg.point.end_ms)
-                changed |= state.series != before
                 continue
-            changed = True
+            taken.add(deployment)
             counters.points += 1
             counters.late_points += done.late
             counters.minutes_evaluated += len(done.evaluated)
             store.save_history(deployment, history)
             if done.transitions:
                 await publish(done.transitions)
-        return changed
+        for deployment in taken:
+            store.save_state(states[deployment])
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:

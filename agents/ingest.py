@@ -33,12 +33,12 @@ Batching: the agent buffers events and processes the buffer at
 is caught up, and waiting on would only delay what the batch closes: a
 minute's final snapshots waited up to 0.75 s for the timer so). Big batches
 keep the forwarded messages few and large, and let a fold touch each series
-once per batch; under load messages keep coming and batches still fill. Decoding, forwarding and the
-fan-out run outside the folder's lock (the SLI agent folds meanwhile); holding
-the input and folding it run under it, so a checkpoint never acknowledges
-input it has not folded. At a clean stop (``App.stopping_hooks``) it finishes
-the batch in hand and checkpoints what it holds, so the next start does not
-feed the fan-out the same requests again.
+once per batch; under load messages keep coming and batches still fill.
+Decoding, forwarding and the fan-out run outside the folder's lock (the SLI
+agent folds meanwhile); holding the input and folding it run under it, so a
+checkpoint never acknowledges input it has not folded. At a clean stop
+(``App.stopping_hooks``) it finishes the batch in hand and checkpoints what it
+holds, so the next start does not feed the fan-out the same requests again.
 """
 
 import asyncio

@@ -46,9 +46,9 @@ topic only once the worker has folded every other request, and the clock runs
 from their delivery to the broker to the last final 1-minute snapshot read
 back — the worker's pickup and fold of those requests, the close of every
 series' minute (final 1m, 5m and 1h snapshots, SLO and silent evaluations),
-publishing and delivery. (Sent with the rest, they used to land in the same
-ingest batch as the last requests, and the close was then
-hidden in that batch's fold: 0.1–0.2 s, against several seconds otherwise.)
+publishing and delivery. (Sent with the rest, they could land in the same
+ingest batch as the last requests, and the close was then hidden in that
+batch's fold: 0.1–0.2 s, against several seconds otherwise.)
 ``close_s_in_worker`` is the worker's own count (``close_s`` of its counters
 line, ``tailguard_close_seconds`` on /metrics): the time it spent closing
 minutes — final snapshots, SLO and silent evaluations — over the whole run.
@@ -205,7 +205,7 @@ def run_worker(prefix: str, app_id: str, total: int, closing: Placed) -> dict[st
     ready_at = None
     applied_at = None
     closing_at = None
-    main = total  # the closing requests come after (per partition)
+    main = total  # the closing requests are sent once these are folded
     seen: set[str] = set()
     series: set[str] = set()
     late_total = 0

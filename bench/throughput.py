@@ -151,6 +151,22 @@ def ceiling(topic: str, n_msgs: int) -> tuple[float, int]:
     return elapsed, events
 
 
+class _Snapshot(msgspec.Struct):
+    """What the benchmark reads of a snapshot. A typed decode of these fields costs
+    ~1.5 µs a record against ~17 for ``json.loads`` of the whole: the reader
+    shares the cores with the worker and the broker, and a minute's close
+    publishes 30,000 snapshots at 10,000 series."""
+
+    final: bool
+    window: str
+    event_id: str
+    count: int
+    series: msgspec.Raw
+
+
+_read_snapshot = msgspec.json.Decoder(_Snapshot).decode
+
+
 def _ready(log_path: Path) -> bool:
     return b"Ready" in log_path.read_bytes()
 
@@ -207,7 +223,7 @@ def run_worker(prefix: str, app_id: str, total: int, closing: Placed) -> dict[st
     closing_at = None
     main = total  # the closing requests are sent once these are folded
     seen: set[str] = set()
-    series: set[str] = set()
+    series: set[bytes] = set()
     late_total = 0
     counted = 0
     deadline = time.monotonic() + 1200
@@ -234,11 +250,11 @@ def run_worker(prefix: str, app_id: str, total: int, closing: Placed) -> dict[st
             for m in c.consume(5000, timeout=0.2):
                 if m.error():
                     continue
-                snap = json.loads(m.value())
-                if snap["final"] and snap["window"] == "1m" and snap["event_id"] not in seen:
-                    seen.add(snap["event_id"])
-                    counted += snap["count"]
-                    series.add(json.dumps(snap["series"], sort_keys=True))
+                snap = _read_snapshot(m.value())
+                if snap.final and snap.window == "1m" and snap.event_id not in seen:
+                    seen.add(snap.event_id)
+                    counted += snap.count
+                    series.add(bytes(snap.series))  # the worker writes a series one way
             # Late requests (a series' events reach the worker through four input
             # partitions; one running ahead can make another's stragglers late)
             # are in no snapshot's count: the worker's own counter accounts for them.

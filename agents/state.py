@@ -20,6 +20,7 @@ changelog) and dropped for partitions that are revoked.
 """
 
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,13 @@ from tailguard.agents.bulk import BulkWriter, write_by_key
 from tailguard.agents.outputs import OutputError
 from tailguard.streams import Changes, RingConfig, SeriesWindows, Thresholds
 
-__all__ = ["CachedSeries", "CheckpointInterrupted", "SeriesStore", "bucket_key"]
+__all__ = [
+    "CachedSeries",
+    "CheckpointInterrupted",
+    "Checkpointed",
+    "SeriesStore",
+    "bucket_key",
+]
 
 _SEP = "\x1f"
 
@@ -42,6 +49,32 @@ def bucket_key(series: str, tier: str, start: int, version: int | None = None) -
 class CheckpointInterrupted(Exception):
     """The partition moved (or is moving) while a checkpoint waited for a flush:
     the rest was not written, and nothing may be acknowledged."""
+
+
+@dataclass(slots=True)
+class Checkpointed:
+    """What :meth:`SeriesStore.checkpoint_many` did, per partition."""
+
+    #: Records written, per partition stored whole (its input may be acknowledged
+    #: once the caller's last flush has them delivered).
+    written: dict[int, int] = field(default_factory=dict)
+    #: Partitions that moved during the checkpoint (nothing may be acknowledged).
+    moved: set[int] = field(default_factory=set)
+    #: Partitions whose records the broker refused, and why (nothing may be
+    #: acknowledged; their series are written whole at the next checkpoint).
+    refused: dict[int, str] = field(default_factory=dict)
+
+    def stored(self, partition: int) -> bool:
+        return partition not in self.moved and partition not in self.refused
+
+
+@dataclass(slots=True)
+class _Taken:
+    """The records of one partition a checkpoint writes, in its three steps."""
+
+    buckets: list[tuple[str, bytes]] = field(default_factory=list)
+    metas: list[tuple[str, bytes]] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -159,14 +192,32 @@ class SeriesStore:
         flush: Callable[[], Awaitable[None]],
         still_mine: Callable[[], bool] = lambda: True,
     ) -> int:
-        """Write every changed series of ``partition``; returns how many records.
+        """:meth:`checkpoint_many` of one partition: the records written, or
+        :class:`CheckpointInterrupted`."""
+        done = await self.checkpoint_many([partition], flush, lambda _partition: still_mine())
+        if partition in done.moved:
+            raise CheckpointInterrupted(f"partition {partition} moved during its checkpoint")
+        if partition in done.refused:
+            msg = f"checkpoint of partition {partition} not delivered: {done.refused[partition]}"
+            raise CheckpointInterrupted(msg)
+        return done.written.get(partition, 0)
+
+    async def checkpoint_many(
+        self,
+        partitions: Sequence[int],
+        flush: Callable[[], Awaitable[None]],
+        still_mine: Callable[[int], bool] = lambda _partition: True,
+        within: Callable[[int], AbstractContextManager[None]] = lambda _partition: nullcontext(),
+    ) -> "Checkpointed":
+        """Write every changed series of ``partitions``.
 
         In three steps, with ``flush`` (every write so far is on the changelog:
         faust's producer's and the bulk writer's) between them, so that whatever a
         kill leaves in the local store and on the changelog restores to a
         consistent state (with a :class:`~tailguard.agents.bulk.BulkWriter`, each
-        step is one RocksDB write batch per table and its changelog records in
-        bulk, and the caller flushes once more before it acknowledges input):
+        step is one RocksDB write batch per table and partition and its changelog
+        records in bulk, and the caller flushes once more before it
+        acknowledges input):
 
         1. the touched buckets: a bucket ahead of its meta is harmless (its
            ``applied`` offsets make the replay skip what it holds);
@@ -175,55 +226,77 @@ class SeriesStore:
         3. the buckets the metas no longer list: a meta that still lists one is
            never restored after it is gone.
 
-        Must run inside the agent while it processes a message of ``partition``
-        (faust writes to the store and changelog partition of the current event);
-        the caller's writes made before it (breach states) are flushed in step 1.
-        A flush that fails raises :class:`CheckpointInterrupted` too.
+        Each step covers every partition, so partitions due together share their
+        flushes (three broker round trips, not three a partition): after a batch
+        every partition it fed is often due at once.
 
-        ``still_mine()`` is asked after each flush: if the partition was revoked
-        meanwhile (a rebalance), writing on could put stale records on a changelog
-        its next owner has already read, so :class:`CheckpointInterrupted` is
-        raised instead, and the series are written whole at the next checkpoint
-        if the partition stays here.
+        ``within(partition)`` wraps the writes of a partition: faust writes a
+        table key by key to the store and changelog partition of the current
+        event (the bulk writer names the partition itself). The caller's writes
+        made before it (breach states) are flushed in step 1.
+
+        ``still_mine(partition)`` is asked after each flush: a partition revoked
+        meanwhile (a rebalance) is written no further, since stale records could
+        reach a changelog its next owner has already read; it is reported in
+        :attr:`Checkpointed.moved`, and if it stays here its series are written
+        whole at the next checkpoint. A flush that fails stops every partition
+        of the step likewise (:attr:`Checkpointed.refused`).
         """
-        keys = self._unsaved.pop(partition, set())
-        buckets: list[tuple[str, bytes]] = []
-        metas: list[tuple[str, bytes]] = []
-        pruned: list[str] = []
-        for key in sorted(keys):
+        taken = {p: self._take(p) for p in partitions}
+        taken = {p: t for p, t in taken.items() if t.metas}
+        done = Checkpointed()
+        for partition, t in taken.items():
+            with within(partition):
+                self._write(self._buckets, partition, t.buckets)
+        if not taken:
+            return done
+        await self._flush_step(flush, taken, done)
+        self._keep_mine(taken, still_mine, done, redo=True)
+        for partition, t in taken.items():
+            with within(partition):
+                self._write(self._meta, partition, t.metas)
+            done.written[partition] = len(t.buckets) + len(t.metas) + len(t.pruned)
+        pruning = {p: t for p, t in taken.items() if t.pruned}
+        if pruning:
+            await self._flush_step(flush, pruning, done)
+            # Past here only deletes remain: a bucket not deleted is just garbage.
+            self._keep_mine(pruning, still_mine, done, redo=False)
+            for partition, t in pruning.items():
+                with within(partition):
+                    self._write(self._buckets, partition, [], t.pruned)
+        return done
+
+    def _take(self, partition: int) -> "_Taken":
+        """The records of every series of ``partition`` changed since its last checkpoint."""
+        out = _Taken()
+        for key in sorted(self._unsaved.pop(partition, set())):
             cached = self._cache.get(key)
             if cached is None:
                 continue
             changes = cached.state.take_changes()
-            buckets.extend(
+            out.buckets.extend(
                 (bucket_key(key, *record), data) for record, data in changes.upserts.items()
             )
-            metas.append((key, changes.meta))
-            pruned.extend(bucket_key(key, *record) for record in changes.deletes)
-        if not metas:
-            return 0
-        written = [key for key, _ in metas]
-        self._write(self._buckets, partition, buckets)
-        await self._flush(flush, partition, written)
-        self._go_on(partition, written, still_mine)
-        self._write(self._meta, partition, metas)
-        if pruned:
-            await self._flush(flush, partition, written)
-            # Past here only deletes remain: a bucket not deleted is just garbage.
-            self._go_on(partition, [], still_mine)
-            self._write(self._buckets, partition, [], pruned)
-        return len(buckets) + len(metas) + len(pruned)
+            out.metas.append((key, changes.meta))
+            out.pruned.extend(bucket_key(key, *record) for record in changes.deletes)
+        return out
 
-    async def _flush(
-        self, flush: Callable[[], Awaitable[None]], partition: int, keys: list[str]
+    async def _flush_step(
+        self,
+        flush: Callable[[], Awaitable[None]],
+        taken: dict[int, "_Taken"],
+        done: "Checkpointed",
     ) -> None:
-        """``flush()``; when the broker refuses, the series are written whole next time."""
+        """``flush()``; when the broker refuses, every partition of the step is
+        interrupted (and its series are written whole next time)."""
         try:
             await flush()
         except OutputError as exc:
-            self._redo(partition, keys)
-            msg = f"checkpoint of partition {partition} not delivered: {exc}"
-            raise CheckpointInterrupted(msg) from exc
+            for partition, t in list(taken.items()):
+                self._redo(partition, [key for key, _ in t.metas])
+                done.refused[partition] = str(exc)
+                done.written.pop(partition, None)
+            taken.clear()
 
     def _redo(self, partition: int, keys: list[str]) -> None:
         for key in keys:
@@ -232,11 +305,22 @@ class SeriesStore:
                 cached.state.rewrite_all()
                 self.mark_unsaved(key, partition)
 
-    def _go_on(self, partition: int, keys: list[str], still_mine: Callable[[], bool]) -> None:
-        if still_mine():
-            return
-        self._redo(partition, keys)
-        raise CheckpointInterrupted(f"partition {partition} moved during its checkpoint")
+    def _keep_mine(
+        self,
+        taken: dict[int, "_Taken"],
+        still_mine: Callable[[int], bool],
+        done: "Checkpointed",
+        *,
+        redo: bool,
+    ) -> None:
+        """Drop from ``taken`` the partitions that moved (``redo``: their series are
+        written whole if they stay here)."""
+        for partition in [p for p in taken if not still_mine(p)]:
+            t = taken.pop(partition)
+            if redo:
+                self._redo(partition, [key for key, _ in t.metas])
+            done.moved.add(partition)
+            done.written.pop(partition, None)
 
     def warm(self, partition_of: Callable[[str], int]) -> int:
         """Load every series of the partitions this worker owns (after start or a rebalance).

@@ -70,19 +70,19 @@ def test_provisional_snapshots_send_no_point() -> None:
     assert any(topic == "sli" for topic, *_ in out)
 
 
-def test_after_a_batch_only_the_partitions_that_are_due_checkpoint_in_the_order_given() -> None:
+def test_after_a_batch_the_partitions_that_are_due_checkpoint_together_in_the_order_given() -> None:
     f = folder()
-    done: list[int] = []
+    done: list[list[int]] = []
 
-    async def checkpoint(partition: int) -> None:
-        done.append(partition)
+    async def checkpoint(partitions: list[int]) -> None:
+        done.append(list(partitions))
 
     f.checkpoint = checkpoint  # type: ignore[method-assign]
     now = time.monotonic()
     for partition, last in ((0, now - 100), (1, now), (2, now - 100)):
         f.cadence.done(partition, last, last)
     asyncio.run(f.checkpoint_due([2, 1, 0]))
-    assert done == [2, 0]
+    assert done == [[2, 0]], "one checkpoint of both: they share its flushes"
 
 
 def test_the_points_of_a_fold_go_as_one_record_per_deployment_in_the_order_they_closed() -> None:

@@ -3,6 +3,7 @@
 import asyncio
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tailguard.agents.errors import SettingsError
@@ -186,6 +187,64 @@ def test_a_checkpoint_stops_when_its_partition_moved_during_a_flush() -> None:
 
     asyncio.run(store.checkpoint(0, plain_flush, lambda: mine[0]))
     assert [what for what, _ in journal] == ["buckets write"] * 2 + ["flush", "meta write"]
+
+
+def test_partitions_checkpointed_together_share_each_flush_and_one_that_moves_stops_alone() -> None:
+    """Every step covers every partition: three round trips for any number of
+    partitions. A partition revoked during a flush is written no further; the
+    others go on, and the one that moved is written whole if it stays."""
+    journal: list[tuple[str, str]] = []
+    store = SeriesStore(_Journal("meta", journal), _Journal("buckets", journal), RingConfig())
+    for name, partition in (("a", 0), ("b", 1), ("c", 2)):
+        store.get(name, partition=partition).state.add([_Ev(0)], [(partition, 0)])
+        store.mark_unsaved(name, partition)
+    mine = {0: True, 1: True, 2: True}
+
+    async def flush() -> None:
+        journal.append(("flush", ""))
+        mine[1] = False  # revoked meanwhile
+
+    done = asyncio.run(store.checkpoint_many([0, 1, 2], flush, lambda p: mine[p]))
+    assert [what for what, _ in journal] == ["buckets write"] * 3 + ["flush"] + ["meta write"] * 2
+    assert [key for what, key in journal if what == "meta write"] == ["a", "c"]
+    assert done.moved == {1} and not done.refused
+    assert [p for p in (0, 1, 2) if done.stored(p)] == [0, 2]
+    assert done.written == {0: 2, 2: 2}
+
+    mine[1] = True
+    journal.clear()
+    again = asyncio.run(store.checkpoint_many([0, 1, 2], flush_plain(journal)))
+    assert [key for what, key in journal if what == "meta write"] == ["b"], (
+        "only the interrupted partition had anything left to write"
+    )
+    assert again.written == {1: 2}
+
+
+def flush_plain(journal: list[tuple[str, str]]) -> Any:
+    async def flush() -> None:
+        journal.append(("flush", ""))
+
+    return flush
+
+
+def test_a_refused_flush_stops_every_partition_of_the_step() -> None:
+    from tailguard.agents.outputs import OutputError
+
+    journal: list[tuple[str, str]] = []
+    store = SeriesStore(_Journal("meta", journal), _Journal("buckets", journal), RingConfig())
+    for name, partition in (("a", 0), ("b", 1)):
+        store.get(name, partition=partition).state.add([_Ev(0)], [(partition, 0)])
+        store.mark_unsaved(name, partition)
+
+    async def refused() -> None:
+        raise OutputError("2 output records undelivered")
+
+    done = asyncio.run(store.checkpoint_many([0, 1], refused))
+    assert [what for what, _ in journal] == ["buckets write"] * 2, "no meta after a refusal"
+    assert set(done.refused) == {0, 1} and not done.written
+    journal.clear()
+    asyncio.run(store.checkpoint_many([0, 1], flush_plain(journal)))
+    assert [key for what, key in journal if what == "meta write"] == ["a", "b"]
 
 
 def test_worker_tables_run_no_key_expiry_task() -> None:

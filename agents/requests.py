@@ -14,13 +14,16 @@ ingest agent reads a batch of both through one :class:`RequestBatch`:
   (:meth:`capacity_groups`), and request records (:meth:`events`) only for
   the few that name an experiment or a prompt version.
 
-Columns are gathered message by message into flat lists (a C-level ``extend``
-for a columnar message, one pass per field for rows), then made arrays once
-per batch. A columnar message never becomes request objects, except its rare
-requests that carry a cache, batch, flow-control or stage breakdown (their
-cause flags and stage columns are read from records).
+Columns are gathered message by message: the numeric ones from the arrays a
+columnar message was screened with (concatenated once per batch), the others
+into flat lists (a C-level ``extend`` for a columnar message, one pass per
+field for rows), made arrays once per batch. A columnar message never becomes
+request objects, except its rare requests that carry a cache, batch,
+flow-control or stage breakdown (their cause flags and stage columns are read
+from records).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import chain, pairwise, repeat
 from typing import Any
@@ -30,7 +33,7 @@ from tailguard.agents.capacity_columns import CapacityRows
 from tailguard.agents.capacity_columns import Group as CapacityGroup
 from tailguard.agents.internal import served_by
 from tailguard.schemas import InferenceEvent
-from tailguard.schemas.columnar import ColumnsDecoded, events_of
+from tailguard.schemas.columnar import ColumnsDecoded, Numbers, events_of, numbers
 from tailguard.streams.columns import STATUS_CODES, Columns, event_hashes, prompt_column
 from tailguard.streams.input_marks import Run
 
@@ -140,13 +143,15 @@ class RequestBatch:
         part = np.repeat([m.partition for m in self._messages], counts).astype(np.int64)
         offset = np.repeat([m.offset for m in self._messages], counts).astype(np.int64)
         gaps, lengths = self._gaps()
-        ttft = np.array(self._flat("ttft_ms", lambda ev: ev.ttft_ms), dtype=np.float64)
-        tokens = np.array(self._flat("output_tokens", lambda ev: ev.output_tokens), np.float64)
+        ttft = self._numbers(lambda num: num.ttft_ms, "ttft_ms", lambda ev: ev.ttft_ms, np.float64)
+        tokens = self._numbers(
+            lambda num: num.output_tokens, "output_tokens", lambda ev: ev.output_tokens, np.float64
+        )
         status = self._flat("status", lambda ev: ev.status)
         cols = Columns(
-            ts=np.array(self._flat("ts_ms", lambda ev: ev.ts_ms), dtype=np.int64),
+            ts=self._numbers(lambda num: num.ts_ms, "ts_ms", lambda ev: ev.ts_ms, np.int64),
             status=np.fromiter(map(STATUS_CODES.get, status, repeat(_OTHER_STATUS)), np.uint8, n),
-            e2e=np.array(self._flat("e2e_ms", lambda ev: ev.e2e_ms), dtype=np.float64),
+            e2e=self._numbers(lambda num: num.e2e_ms, "e2e_ms", lambda ev: ev.e2e_ms, np.float64),
             ttft=ttft,
             tokens=np.where(np.isnan(tokens), -1, tokens).astype(np.int64),
             warmup=np.array(self._flat("warmup", lambda ev: ev.warmup, False), np.bool_),
@@ -170,27 +175,56 @@ class RequestBatch:
         self._built = cols
         return cols
 
+    def _numbers(
+        self, pick: Callable[[Numbers], np.ndarray], name: str, from_row: Any, dtype: Any
+    ) -> np.ndarray:
+        """A numeric field of every request, in order: the arrays a columnar
+        message was screened with, concatenated (lists only for rows and for
+        messages decoded otherwise); None becomes NaN."""
+        parts: list[np.ndarray] = []
+        for m in self._messages:
+            num = m.columns.numbers if m.columns is not None else None
+            if num is not None:
+                values = pick(num)
+                parts.append(values if m.kept is None else values[m.kept])
+            elif m.rows is not None:
+                parts.append(np.array([from_row(ev) for ev in m.rows], dtype=dtype))
+            else:
+                column = m.column(name)
+                parts.append(np.array([None] * len(m) if column is None else column, dtype=dtype))
+        return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+
     def _gaps(self) -> tuple[np.ndarray, np.ndarray]:
-        gaps: list[float] = []
-        lengths: list[int] = []
+        """Every request's ITL gaps, concatenated in order, and how many each has."""
+        gaps: list[np.ndarray] = []
+        lengths: list[np.ndarray] = []
         for m in self._messages:
             if m.rows is not None:
                 lists = [ev.itl_ms for ev in m.rows]
-                lengths.extend(map(len, lists))
-                gaps.extend(chain.from_iterable(lists))
+                lengths.append(np.fromiter(map(len, lists), np.int64, len(lists)))
+                gaps.append(np.fromiter(chain.from_iterable(lists), np.float64))
                 continue
-            req = m.columns.message.requests  # type: ignore[union-attr]
-            if req.itl_len is None:
-                lengths.extend(repeat(0, len(m)))
-            elif m.kept is None:
-                lengths.extend(req.itl_len)
-                gaps.extend(req.itl_ms)
-            else:
-                starts = np.r_[0, np.cumsum(req.itl_len)].tolist()
-                for i in m.kept:
-                    lengths.append(req.itl_len[i])
-                    gaps.extend(req.itl_ms[starts[i] : starts[i + 1]])
-        return np.array(gaps, dtype=np.float64), np.array(lengths, dtype=np.int64)
+            assert m.columns is not None
+            num = m.columns.numbers
+            if num is None:
+                req = m.columns.message.requests
+                num = numbers(req, len(req.event_id))
+            if m.kept is None:
+                lengths.append(num.itl_len)
+                gaps.append(num.itl_ms)
+                continue
+            kept = np.asarray(m.kept, dtype=np.int64)
+            lens = num.itl_len[kept]
+            firsts = (np.cumsum(num.itl_len) - num.itl_len)[kept]
+            lengths.append(lens)
+            gaps.append(
+                num.itl_ms[
+                    np.repeat(firsts - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
+                ]
+            )
+        if not gaps:
+            return np.empty(0, dtype=np.float64), np.empty(0, dtype=np.int64)
+        return np.concatenate(gaps), np.concatenate(lengths)
 
     def _rare_rows(self) -> list[int]:
         """Requests carrying a cache, batch, flow-control or stage breakdown."""

@@ -67,11 +67,13 @@ __all__ = [
     "REQUIRED",
     "ColumnsDecoded",
     "InferenceColumns",
+    "Numbers",
     "Requests",
     "decode_columns",
     "encode_columns",
     "events_of",
     "is_columnar",
+    "numbers",
     "rows_of",
 ]
 
@@ -141,6 +143,10 @@ class ColumnsDecoded:
     message: Any  # an InferenceColumns, or None
     keep: np.ndarray | None
     rejects: list[Reject]
+    #: The numeric columns as arrays, every request of the message (the screen's
+    #: :func:`numbers`; None when the message was taken apart): the batch
+    #: concatenates them instead of converting the lists a second time.
+    numbers: Numbers | None = None
 
     def __len__(self) -> int:
         if self.message is None:
@@ -297,20 +303,43 @@ def _floats(column: list[Any] | None, n: int) -> np.ndarray:
     return np.asarray(column, dtype=np.float64)
 
 
-def _suspects(req: Any, n: int, now_ms: int, limits: Limits) -> np.ndarray:
+@dataclass(slots=True)
+class Numbers:
+    """The numeric columns of a decoded message as arrays (every request)."""
+
+    ts_ms: np.ndarray  # int64
+    e2e_ms: np.ndarray  # float64
+    ttft_ms: np.ndarray  # float64, NaN where a request has none
+    output_tokens: np.ndarray  # float64, NaN where a request has none
+    itl_len: np.ndarray  # int64, 0 where a request has no gaps
+    itl_ms: np.ndarray  # float64, every request's gaps in order
+
+
+def numbers(req: Any, n: int) -> Numbers:
+    """The numeric columns of ``req`` (a typed-decoded ``requests``) as arrays."""
+    with_gaps = req.itl_len is not None
+    return Numbers(
+        ts_ms=np.array(req.ts_ms, dtype=np.int64),
+        e2e_ms=np.array(req.e2e_ms, dtype=np.float64),
+        ttft_ms=_floats(req.ttft_ms, n),
+        output_tokens=_floats(req.output_tokens, n),
+        itl_len=np.array(req.itl_len, dtype=np.int64) if with_gaps else np.zeros(n, np.int64),
+        itl_ms=np.array(req.itl_ms if with_gaps else (), dtype=np.float64),
+    )
+
+
+def _suspects(req: Any, num: Numbers, now_ms: int, limits: Limits) -> np.ndarray:
     """Requests the row decoder must judge: it may flag valid ones, never miss a bad one."""
+    n = num.ts_ms.size
     max_ms = limits.max_duration_ms
-    ts = np.array(req.ts_ms, dtype=np.int64)
-    e2e = np.array(req.e2e_ms, dtype=np.float64)
+    ts, e2e, ttft = num.ts_ms, num.e2e_ms, num.ttft_ms
     out = (ts > now_ms + limits.max_future_skew_ms) | (e2e > max_ms)
-    ttft = _floats(req.ttft_ms, n)
     out |= (ttft > max_ms) | (ttft > e2e)
-    tokens = _floats(req.output_tokens, n)
-    out |= np.isnan(ttft) & (tokens >= 1)
-    if req.itl_len is not None and req.itl_ms:
-        lengths = np.array(req.itl_len, dtype=np.int64)
+    out |= np.isnan(ttft) & (num.output_tokens >= 1)
+    if num.itl_ms.size:
+        lengths = num.itl_len
         owner = np.repeat(np.arange(n), lengths)
-        sums = np.bincount(owner, weights=np.array(req.itl_ms, dtype=np.float64), minlength=n)
+        sums = np.bincount(owner, weights=num.itl_ms, minlength=n)
         # The row form adds the gaps in Python; a margin covers the rounding.
         out |= (lengths > limits.max_itl_len) | (sums > max_ms * (1 - 1e-9))
     for name in _ALWAYS_JUDGED:
@@ -458,13 +487,14 @@ def decode_columns(raw: bytes, *, now_ms: int, limits: Limits) -> ColumnsDecoded
         return refused
     req = message.requests
     n = len(req.event_id)
-    suspects = np.flatnonzero(_suspects(req, n, now_ms, limits)).tolist()
+    num = numbers(req, n)
+    suspects = np.flatnonzero(_suspects(req, num, now_ms, limits)).tolist()
     if not suspects:
-        return ColumnsDecoded(message, None, [])
+        return ColumnsDecoded(message, None, [], num)
     doc = msgspec.to_builtins(message)
     rejects, _ = _judge_rows(doc, suspects, now_ms, limits)
     if not rejects:
-        return ColumnsDecoded(message, None, [])
+        return ColumnsDecoded(message, None, [], num)
     keep = np.ones(n, dtype=np.bool_)
     keep[[r.index for r in rejects]] = False
-    return ColumnsDecoded(message, keep, rejects)
+    return ColumnsDecoded(message, keep, rejects, num)

@@ -152,3 +152,22 @@ def test_rejected_requests_of_a_columnar_message_are_left_out() -> None:
 
 def _fields(ev: InferenceEvent) -> dict[str, Any]:
     return {f: getattr(ev, f) for f in ev.__struct_fields__}
+
+
+def test_a_columnar_message_taken_apart_reads_as_its_valid_requests() -> None:
+    """A message the typed decode refuses is judged request by request and comes
+    without the screen's arrays: the batch reads its columns from the lists."""
+    import json
+
+    evs = [request(i, i) for i in range(4)]
+    doc = json.loads(encode_columns(evs))
+    doc["requests"]["e2e_ms"][2] = "slow"  # a wrong type: the typed decode refuses it
+    decoded = decode_columns(json.dumps(doc).encode(), now_ms=NOW, limits=Limits())
+    assert [r.index for r in decoded.rejects] == [2]
+    assert decoded.numbers is None
+    batch = RequestBatch()
+    batch.add_rows(1, 3, [evs[3]])
+    batch.add_columns(0, 4, decoded)
+    kept = [evs[3], evs[0], evs[1], evs[3]]
+    positions = [(1, 3), (0, 4), (0, 4), (0, 4)]
+    columns_equal(batch.columns(), Columns.from_events(kept, positions))

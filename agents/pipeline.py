@@ -132,6 +132,13 @@ def build(settings: Settings) -> Pipeline:
     register_kv(app, topics, settings, stats, kv_table, kv_forwarder(topics, settings))
     register_interference(app, topics, settings, stats)
 
+    async def persist_tables() -> None:
+        # Last of the stopping hooks: what they stored is flushed to disk before the
+        # data dir is marked clean (the bulk writer writes without RocksDB's log).
+        writer.persist()
+
+    app.stopping_hooks.append(persist_tables)  # type: ignore[attr-defined]
+
     @app.timer(settings.stats_interval_s, name="tailguard.stats")
     async def log_stats() -> None:
         app.log.info("tailguard %s", stats.line())

@@ -215,9 +215,9 @@ class SeriesStore:
         faust's producer's and the bulk writer's) between them, so that whatever a
         kill leaves in the local store and on the changelog restores to a
         consistent state (with a :class:`~tailguard.agents.bulk.BulkWriter`, each
-        step is one RocksDB write batch per table and partition and its changelog
-        records in bulk, and the caller flushes once more before it
-        acknowledges input):
+        step writes a table's partition at once, RocksDB without its log, and
+        queues its changelog records in bulk; the caller flushes once more before
+        it acknowledges input):
 
         1. the touched buckets: a bucket ahead of its meta is harmless (its
            ``applied`` offsets make the replay skip what it holds);

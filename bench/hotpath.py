@@ -19,8 +19,8 @@ second to the next), and writes
 - ``fold``: ``fold_many`` into the windows;
 - ``checkpoint_bytes``: serialising every changed series (``take_changes``);
 - ``checkpoint_write``: writing them as a checkpoint does
-  (:class:`~tailguard.agents.bulk.BulkWriter`: one RocksDB write batch per
-  partition and table, into real RocksDB, and their changelog records queued
+  (:class:`~tailguard.agents.bulk.BulkWriter`: each partition and table at
+  once, into real RocksDB without its log, and their changelog records queued
   in librdkafka — to an address nothing listens on: the cost of queueing, not
   of the broker).
 

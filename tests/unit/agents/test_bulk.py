@@ -1,10 +1,11 @@
-"""BulkWriter: one RocksDB write batch per call, changelog records faust can restore from."""
+"""BulkWriter: RocksDB writes without the log, changelog records faust can restore from."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from faust.stores.rocksdb import Store as FaustStore
 from rocksdict import Options, Rdict
 from tailguard.agents.bulk import BulkWriter, read_partition
 
@@ -38,18 +39,26 @@ class Topic:
 class Store:
     """The part of faust's RocksDB store the writer uses, over real RocksDB."""
 
+    offset_key = FaustStore.offset_key
+
     def __init__(self, root: Path) -> None:
         self.root = root
         self._dbs: dict[int, Rdict] = {}
-        self.persisted: dict[tuple[str, int], int] = {}
 
     def _db_for_partition(self, partition: int) -> Rdict:
         if partition not in self._dbs:
             self._dbs[partition] = Rdict(str(self.root / f"p{partition}"), Options(raw_mode=True))
         return self._dbs[partition]
 
-    def set_persisted_offset(self, tp: Any, offset: int) -> None:
-        self.persisted[(tp.topic, tp.partition)] = offset
+    @property
+    def persisted(self) -> dict[int, int]:
+        """The persisted offset of each open partition, read as faust reads it."""
+        out = {}
+        for partition, db in self._dbs.items():
+            raw = db.get(self.offset_key)
+            if raw is not None:
+                out[partition] = int(raw)
+        return out
 
 
 class Table:
@@ -80,7 +89,8 @@ def test_puts_and_deletes_land_in_the_partition_and_on_its_changelog(tmp_path: P
     ]
     assert table.data.persisted == {}, "nothing is persisted before delivery is confirmed"
     writer.delivered()
-    assert table.data.persisted == {(topic, 1): 4}
+    assert table.data.persisted == {1: 4}
+    assert contents(table.data._db_for_partition(1)).keys() == {b"a", b"c", Store.offset_key}
 
 
 def test_the_changelog_restores_what_the_writes_left(tmp_path: Path) -> None:
@@ -108,6 +118,25 @@ def test_a_revoked_partition_gets_no_persisted_offset(tmp_path: Path) -> None:
     table.data._dbs.pop(2).close()  # faust closes a revoked partition's database
     writer.delivered()
     assert table.data.persisted == {}
+
+
+def test_persist_puts_what_was_written_on_disk_for_the_next_start(tmp_path: Path) -> None:
+    """Written without RocksDB's log, the writes and the persisted offset are in
+    memory until flushed: a clean stop flushes them, and a reopened database
+    holds them (a crash instead discards the data dir, see prepare_data_dir)."""
+    table = Table(tmp_path)
+    writer = BulkWriter(FakeOutputs())  # type: ignore[arg-type]
+    writer.write(table, 0, [(f"k{i}", b"v" * 100) for i in range(100)])
+    writer.delivered()
+    db = table.data._db_for_partition(0)
+    assert db.live_files() == [], "nothing on disk yet"
+    writer.persist()
+    assert db.live_files(), "flushed to a table file"
+    before = contents(db)
+    db.close()
+    reopened = Rdict(str(tmp_path / "p0"), Options(raw_mode=True))
+    assert contents(reopened) == before and int(reopened[Store.offset_key]) == 99
+    reopened.close()
 
 
 def test_a_mapping_without_a_rocksdb_store_is_written_key_by_key() -> None:

@@ -345,6 +345,14 @@ class Bucket:
         for sketch in self.digests.values():
             sketch.compact()
 
+    @property
+    def settled(self) -> bool:
+        """Closed, and its digests hold their tails: a window of it alone is the
+        bucket itself, read with no merge or copy."""
+        return (
+            self.ids is None and not self.refill and all(s.settled for s in self.digests.values())
+        )
+
     def to_bytes(self, version: int = 0) -> bytes:
         """The bucket whole (``version``: of the stored record, see
         :mod:`~tailguard.streams.bucket_log`; 0 for the contents alone)."""

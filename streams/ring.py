@@ -50,7 +50,7 @@ from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.ring_store import Load, RingRecords, chains, restore_bucket
 from tailguard.streams.sli import Thresholds
 from tailguard.streams.window_config import COARSE, FINE, WM_HISTORY, Changes, RingConfig
-from tailguard.streams.window_span import window_starts
+from tailguard.streams.window_span import window_starts, within_recent
 
 __all__ = ["SeriesRing", "met_watermark"]
 
@@ -322,8 +322,13 @@ class SeriesRing:
         memo = self._tiers_memo.get((window_ms, end))
         if memo is not None:
             return memo
-        used, fine = window_starts(minutes, hours, self.config, window_ms, end)
-        tiers = [self.coarse[h] for h in used], [self.fine[m] for m in fine]
+        if not hours and minutes and within_recent(minutes, self.config, window_ms, end):
+            # Every bucket held is a recent minute of the window (a young series'
+            # windows all hold the same few): what window_starts would give.
+            tiers: tuple[list[Bucket], list[Bucket]] = ([], [self.fine[m] for m in minutes])
+        else:
+            used, fine = window_starts(minutes, hours, self.config, window_ms, end)
+            tiers = [self.coarse[h] for h in used], [self.fine[m] for m in fine]
         self._tiers_memo[(window_ms, end)] = tiers
         return tiers
 
@@ -337,6 +342,8 @@ class SeriesRing:
         end = self.default_end() if end_ms is None else end_ms
         hours, minutes = self._tiers(window_ms, end)
         parts = hours + minutes
+        if len(parts) == 1 and parts[0].settled:
+            return parts[0]  # a closed bucket alone is its own window (see below)
         closed = [p for p in parts if p.ids is None and not p.refill]
         live = [p for p in parts if p.ids is not None or p.refill]
         mc = self.config.max_centroids
@@ -357,7 +364,7 @@ class SeriesRing:
             # A closed bucket no longer changes: alone and settled (its digests
             # hold their tails, see Bucket.close), it is its own window, read as
             # a merge of it alone would read.
-            alone = len(closed) == 1 and all(s.settled for s in closed[0].digests.values())
+            alone = len(closed) == 1 and closed[0].settled
             merged = closed[0] if alone else Bucket.combine(closed, mc, exact)
             cached = self._closed_cache[key] = merged
         return Bucket.combine([cached, *live], mc, exact) if live else cached

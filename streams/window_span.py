@@ -10,7 +10,16 @@ from bisect import bisect_left, bisect_right
 
 from tailguard.streams.window_config import RingConfig
 
-__all__ = ["window_starts"]
+__all__ = ["window_starts", "within_recent"]
+
+
+def within_recent(minutes: list[int], config: RingConfig, window_ms: int, end: int) -> bool:
+    """Whether every start of ``minutes`` (sorted) is a minute :func:`window_starts`
+    keeps for the window of ``window_ms`` ending at ``end`` without looking at
+    hours: inside the window, before its end, and recent enough to be held
+    whatever the batching."""
+    horizon = end - (config.fine_retention_ms - config.allowed_lateness_ms - config.bucket_ms)
+    return minutes[0] >= max(end - window_ms, horizon) and minutes[-1] < end
 
 
 def window_starts(

@@ -25,11 +25,12 @@ its state in the tables. For each batch of one partition the folder:
    (:class:`~tailguard.agents.cadence.CheckpointCadence`): flushes what was
    published, writes the changed series and breach states to the tables
    (changelogged), then acknowledges the input they hold — on whichever stream
-   it came (``tailguard.inference`` or ``tailguard.internal.series``). A
-   checkpoint holds the folder for a while (its writes and the broker's
-   acknowledgements); taken between the partitions of one batch it held back
-   the closes of the partitions after it: at 10,000 series the last final
-   snapshots of a minute came seconds after the first.
+   it came (``tailguard.inference`` or ``tailguard.internal.series``). The
+   partitions due together are checkpointed together and share each step's
+   broker round trip. A checkpoint holds the folder for a while (its writes
+   and the broker's acknowledgements); taken between the partitions of one
+   batch it held back the closes of the partitions after it: at 10,000 series
+   the last final snapshots of a minute came seconds after the first.
 
 The input is consumed without automatic acks, so the committed offset never
 runs ahead of the stored state: after a crash the input since the last

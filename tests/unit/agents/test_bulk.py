@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from faust.stores.rocksdb import Store as FaustStore
 from rocksdict import Options, Rdict

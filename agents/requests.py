@@ -54,6 +54,8 @@ class _Message:
     rows: list[InferenceEvent] | None
     columns: ColumnsDecoded | None
     kept: list[int] | None  # the valid requests of ``columns`` (None: all)
+    #: The numeric columns of ``columns`` as arrays, every request (None for rows).
+    numbers: Numbers | None = None
 
     def __len__(self) -> int:
         return len(self.rows) if self.rows is not None else len(self.columns or ())
@@ -100,7 +102,11 @@ class RequestBatch:
         for s in dict.fromkeys(sid):
             lut[s] = index.setdefault(names[s], len(index))
         self._gid.extend(map(lut.__getitem__, sid))
-        self._messages.append(_Message(partition, offset, None, decoded, kept))
+        # The screen's arrays; a message decoded otherwise (taken apart) makes its own.
+        num = decoded.numbers
+        if num is None:
+            num = numbers(message.requests, len(message.requests.event_id))
+        self._messages.append(_Message(partition, offset, None, decoded, kept, num))
         self._built = None
 
     # -- what every request has ----------------------------------------------
@@ -143,15 +149,15 @@ class RequestBatch:
         part = np.repeat([m.partition for m in self._messages], counts).astype(np.int64)
         offset = np.repeat([m.offset for m in self._messages], counts).astype(np.int64)
         gaps, lengths = self._gaps()
-        ttft = self._numbers(lambda num: num.ttft_ms, "ttft_ms", lambda ev: ev.ttft_ms, np.float64)
+        ttft = self._numbers(lambda num: num.ttft_ms, lambda ev: ev.ttft_ms, np.float64)
         tokens = self._numbers(
-            lambda num: num.output_tokens, "output_tokens", lambda ev: ev.output_tokens, np.float64
+            lambda num: num.output_tokens, lambda ev: ev.output_tokens, np.float64
         )
         status = self._flat("status", lambda ev: ev.status)
         cols = Columns(
-            ts=self._numbers(lambda num: num.ts_ms, "ts_ms", lambda ev: ev.ts_ms, np.int64),
+            ts=self._numbers(lambda num: num.ts_ms, lambda ev: ev.ts_ms, np.int64),
             status=np.fromiter(map(STATUS_CODES.get, status, repeat(_OTHER_STATUS)), np.uint8, n),
-            e2e=self._numbers(lambda num: num.e2e_ms, "e2e_ms", lambda ev: ev.e2e_ms, np.float64),
+            e2e=self._numbers(lambda num: num.e2e_ms, lambda ev: ev.e2e_ms, np.float64),
             ttft=ttft,
             tokens=np.where(np.isnan(tokens), -1, tokens).astype(np.int64),
             warmup=np.array(self._flat("warmup", lambda ev: ev.warmup, False), np.bool_),
@@ -176,22 +182,19 @@ class RequestBatch:
         return cols
 
     def _numbers(
-        self, pick: Callable[[Numbers], np.ndarray], name: str, from_row: Any, dtype: Any
+        self, pick: Callable[[Numbers], np.ndarray], from_row: Any, dtype: Any
     ) -> np.ndarray:
-        """A numeric field of every request, in order: the arrays a columnar
-        message was screened with, concatenated (lists only for rows and for
-        messages decoded otherwise); None becomes NaN."""
+        """A numeric field of every request, in order: the arrays each columnar
+        message was screened with, concatenated (one pass over the records for
+        rows); None becomes NaN."""
         parts: list[np.ndarray] = []
         for m in self._messages:
-            num = m.columns.numbers if m.columns is not None else None
-            if num is not None:
-                values = pick(num)
-                parts.append(values if m.kept is None else values[m.kept])
-            elif m.rows is not None:
+            if m.rows is not None:
                 parts.append(np.array([from_row(ev) for ev in m.rows], dtype=dtype))
             else:
-                column = m.column(name)
-                parts.append(np.array([None] * len(m) if column is None else column, dtype=dtype))
+                assert m.numbers is not None
+                values = pick(m.numbers)
+                parts.append(values if m.kept is None else values[m.kept])
         return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
 
     def _gaps(self) -> tuple[np.ndarray, np.ndarray]:
@@ -204,11 +207,8 @@ class RequestBatch:
                 lengths.append(np.fromiter(map(len, lists), np.int64, len(lists)))
                 gaps.append(np.fromiter(chain.from_iterable(lists), np.float64))
                 continue
-            assert m.columns is not None
-            num = m.columns.numbers
-            if num is None:
-                req = m.columns.message.requests
-                num = numbers(req, len(req.event_id))
+            num = m.numbers
+            assert num is not None
             if m.kept is None:
                 lengths.append(num.itl_len)
                 gaps.append(num.itl_ms)

@@ -50,7 +50,7 @@ from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.ring_store import Load, RingRecords, chains, restore_bucket
 from tailguard.streams.sli import Thresholds
 from tailguard.streams.window_config import COARSE, FINE, WM_HISTORY, Changes, RingConfig
-from tailguard.streams.window_span import window_starts, within_recent
+from tailguard.streams.window_span import window_starts
 
 __all__ = ["SeriesRing", "met_watermark"]
 
@@ -322,13 +322,8 @@ class SeriesRing:
         memo = self._tiers_memo.get((window_ms, end))
         if memo is not None:
             return memo
-        if not hours and minutes and within_recent(minutes, self.config, window_ms, end):
-            # Every bucket held is a recent minute of the window (a young series'
-            # windows all hold the same few): what window_starts would give.
-            tiers: tuple[list[Bucket], list[Bucket]] = ([], [self.fine[m] for m in minutes])
-        else:
-            used, fine = window_starts(minutes, hours, self.config, window_ms, end)
-            tiers = [self.coarse[h] for h in used], [self.fine[m] for m in fine]
+        used, fine = window_starts(minutes, hours, self.config, window_ms, end)
+        tiers = [self.coarse[h] for h in used], [self.fine[m] for m in fine]
         self._tiers_memo[(window_ms, end)] = tiers
         return tiers
 

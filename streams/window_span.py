@@ -10,7 +10,7 @@ from bisect import bisect_left, bisect_right
 
 from tailguard.streams.window_config import RingConfig
 
-__all__ = ["window_starts", "within_recent"]
+__all__ = ["starts_by_rule", "window_starts", "within_recent"]
 
 
 def within_recent(minutes: list[int], config: RingConfig, window_ms: int, end: int) -> bool:
@@ -27,6 +27,15 @@ def window_starts(
 ) -> tuple[list[int], list[int]]:
     """The starts of the hour and of the minute buckets a window holds, each in time
     order. ``minutes`` and ``hours``: the starts held in each tier, sorted."""
+    if not hours and minutes and within_recent(minutes, config, window_ms, end):
+        return [], list(minutes)  # every minute held (a young series' windows)
+    return starts_by_rule(minutes, hours, config, window_ms, end)
+
+
+def starts_by_rule(
+    minutes: list[int], hours: list[int], config: RingConfig, window_ms: int, end: int
+) -> tuple[list[int], list[int]]:
+    """:func:`window_starts` without the shortcut of :func:`within_recent`."""
     start = end - window_ms
     rollup = config.rollup_ms
     # Minute buckets this recent are always still held when a window ending

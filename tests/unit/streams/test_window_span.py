@@ -6,7 +6,7 @@ where it applies it gives what the full rule gives."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tailguard.streams.window_config import RingConfig
-from tailguard.streams.window_span import window_starts, within_recent
+from tailguard.streams.window_span import starts_by_rule, window_starts, within_recent
 
 MINUTE = 60_000
 CONFIG = RingConfig()
@@ -24,7 +24,9 @@ def test_a_window_within_the_recent_minutes_holds_every_minute_held(
     minutes = sorted(m * MINUTE for m in held)
     end, window_ms = end_minute * MINUTE, window_minutes * MINUTE
     if within_recent(minutes, CONFIG, window_ms, end):
-        assert window_starts(minutes, [], CONFIG, window_ms, end) == ([], minutes)
+        assert starts_by_rule(minutes, [], CONFIG, window_ms, end) == ([], minutes)
+    by_rule = starts_by_rule(minutes, [], CONFIG, window_ms, end)
+    assert window_starts(minutes, [], CONFIG, window_ms, end) == by_rule
 
 
 def test_a_young_series_takes_the_shortcut_for_every_window() -> None:

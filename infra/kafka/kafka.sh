@@ -39,6 +39,8 @@ REPO_ROOT="$(cd "$SCRIPT_DIR/../.." && pwd)"
 readonly SCRIPT_DIR REPO_ROOT
 
 STATE_DIR="${TAILGUARD_STATE_DIR:-$REPO_ROOT/.state}"
+# Absolute: Maven resolves a relative output folder against the pom's folder.
+[[ "$STATE_DIR" = /* ]] || STATE_DIR="$PWD/$STATE_DIR"
 readonly KDIR="$STATE_DIR/kafka"
 readonly LIB_DIR="$KDIR/lib"
 readonly DATA_DIR="$KDIR/data"

@@ -32,7 +32,8 @@ from tailguard.agents.internal import partition_for, series_key
 from tailguard.agents.settings import Settings
 from tailguard.streams import WINDOWS
 from tailguard.streams.breach import BreachState
-from tailguard.streams.burn import evaluate, window_counters
+from tailguard.streams.burn import evaluate
+from tailguard.streams.burn_windows import window_counters
 
 from tailguard.admin.errors import CommandError
 from tailguard.admin.keys import Role, load_keyring

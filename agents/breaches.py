@@ -40,9 +40,8 @@ from tailguard.streams.burn import (
     SloSpec,
     applicable,
     evaluate,
-    fires,
-    window_counters,
 )
+from tailguard.streams.burn_windows import fires_each, window_counters
 from tailguard.streams.prompt_evidence import rank_prompts
 from tailguard.streams.silent import (
     KIND as SILENT_KIND,
@@ -233,10 +232,13 @@ class BreachEngine:
         counters = window_counters(cached.state, self.burn, end_ms)
         watched = self.telemetry is not None and self.telemetry.watches(key)
         out: list[Transition] = []
-        for spec in specs:
+        # Which SLOs burn, all read at once (only needed where the verdict
+        # itself is not: no breach state, not on /metrics).
+        burning = fires_each(specs, self.burn, counters) if not watched else None
+        for i, spec in enumerate(specs):
             skey = f"{key}{_SEP}{spec.name}".encode()
             raw = self._read(skey, cached.partition)
-            if raw is None and not watched and not fires(spec, self.burn, counters):
+            if raw is None and burning is not None and not burning[i]:
                 # Quiet, no breach state, not on /metrics: no verdict is read.
                 continue
             state = (

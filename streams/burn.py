@@ -78,14 +78,13 @@ negative when the budget is overspent.
 
 import functools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
 from tailguard.streams.counters import Counters
 from tailguard.streams.errors import ConfigError
-from tailguard.streams.ring import SeriesRing
 from tailguard.streams.selector import Selector
 from tailguard.streams.slo import (
     LATENCY_SLIS,
@@ -100,6 +99,7 @@ from tailguard.streams.slo import (
 
 __all__ = [
     "DEFAULT_RULES",
+    "EXCEED_TOLERANCE",
     "LATENCY_SLIS",
     "SEVERITIES",
     "SLIS",
@@ -111,17 +111,15 @@ __all__ = [
     "Severity",
     "SloSpec",
     "Verdict",
-    "WindowCounters",
+    "allowed_bad",
     "applicable",
     "bad_and_total",
     "burn_rate",
     "eligible_requests",
     "evaluate",
-    "fires",
     "goodput_rps",
     "thresholds_for",
     "time_to_detect_ms",
-    "window_counters",
     "window_ms",
 ]
 
@@ -129,7 +127,7 @@ Severity = Literal["ticket", "page"]
 #: Severities, least urgent first.
 SEVERITIES: tuple[Severity, ...] = ("ticket", "page")
 #: Relative slack below which a rate "equals" a threshold rather than exceeding it.
-_EXCEED_TOLERANCE = 1e-9
+EXCEED_TOLERANCE = 1e-9
 
 
 # ------------------------------------------------------------------ SLI maths
@@ -179,10 +177,10 @@ def burn_rate(bad: float, total: float, target: float) -> float:
     """``(bad / total) / (1 − target)``; 0 for an empty window."""
     if total <= 0:
         return 0.0
-    return (bad / total) / _allowed_bad(target)
+    return (bad / total) / allowed_bad(target)
 
 
-def _allowed_bad(target: float) -> float:
+def allowed_bad(target: float) -> float:
     """``1 − target``, rounded so that 1 − 0.999 is 0.001 exactly."""
     return round(1.0 - target, 12)
 
@@ -343,7 +341,7 @@ class Verdict:
 
 
 def _exceeds(rate: float, threshold: float) -> bool:
-    return rate > threshold * (1.0 + _EXCEED_TOLERANCE)
+    return rate > threshold * (1.0 + EXCEED_TOLERANCE)
 
 
 def evaluate(
@@ -367,7 +365,7 @@ def evaluate(
     rates: dict[str, float] = {}
     sli: dict[str, float] = {}
     events: dict[str, int] = {}
-    allowed = _allowed_bad(spec.target)
+    allowed = allowed_bad(spec.target)
     for name in sorted(counters_by_window, key=window_ms):
         counters = counters_by_window[name]
         bad, total = bad_and_total(spec, counters)
@@ -410,89 +408,3 @@ def evaluate(
         budget_remaining=budget_remaining,
         budget_window=budget_name,
     )
-
-
-def fires(spec: SloSpec, policy: BurnPolicy, counters_by_window: Mapping[str, Counters]) -> bool:
-    """Whether :func:`evaluate` would give a severity (a rule fires and passes the
-    traffic gate), without building its verdict.
-
-    Most series are quiet at most closes; where nobody reads the verdict (no
-    open breach, not on ``/metrics``) this is all the close needs to know.
-    ``counters_by_window`` as for :func:`evaluate`.
-    """
-    allowed, rules = _rule_limits(spec, policy)
-    # Windows holding the same buckets share their counters (a young series'
-    # windows all do): each is read once. An entry keeps its counters alive, so
-    # no id is reused meanwhile.
-    rates: dict[int, tuple[Counters, float]] = {}
-
-    def rate(name: str) -> float:
-        counters = counters_by_window[name]
-        found = rates.get(id(counters))
-        if found is None:
-            bad, total = bad_and_total(spec, counters)
-            found = rates[id(counters)] = (counters, (bad / total) / allowed if total > 0 else 0.0)
-        return found[1]
-
-    for rule, limit in rules:
-        if not (rate(rule.short) > limit and rate(rule.long) > limit):
-            continue
-        if (
-            eligible_requests(spec, counters_by_window[rule.long]) >= policy.min_long_events
-            and eligible_requests(spec, counters_by_window[rule.short]) >= policy.min_short_events
-        ):
-            return True
-    return False
-
-
-@functools.lru_cache(maxsize=1024)
-def _rule_limits(
-    spec: SloSpec, policy: BurnPolicy
-) -> tuple[float, tuple[tuple[BurnRule, float], ...]]:
-    """``1 − target`` and, per rule, the rate a window must exceed (as :func:`_exceeds`
-    reckons it): worked out once per SLO and policy, read at every close."""
-    limits = tuple(
-        (rule, policy.threshold(rule, spec) * (1.0 + _EXCEED_TOLERANCE)) for rule in policy.rules
-    )
-    return _allowed_bad(spec.target), limits
-
-
-class WindowCounters(Mapping[str, Counters]):
-    """Counters of the policy's windows, all ending at one end, each summed when first read.
-
-    Over three days of history a series' seven windows hold some 300 buckets.
-    A quiet series at a minute's close needs only :func:`fires`, which reads a
-    rule's long window only when its short window burns: most closes read the
-    short windows alone (about a third of the additions).
-    """
-
-    def __init__(self, series: SeriesRing, windows: Mapping[str, int], end_ms: int | None) -> None:
-        self._series = series
-        self._windows = windows
-        self._end_ms = end_ms
-        self._read: dict[str, Counters] = {}
-
-    def __getitem__(self, name: str) -> Counters:
-        counters = self._read.get(name)
-        if counters is None:
-            window = self._windows[name]  # KeyError for a window the policy does not read
-            counters = self._read[name] = self._series.counters(window, self._end_ms)
-        return counters
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._windows)
-
-    def __len__(self) -> int:
-        return len(self._windows)
-
-
-def window_counters(
-    series: SeriesRing, policy: BurnPolicy, end_ms: int | None = None
-) -> WindowCounters:
-    """Counters of every window ``policy`` reads, all ending at ``end_ms`` (each
-    summed when first read).
-
-    ``end_ms`` defaults to the end of the bucket holding the watermark; an
-    agent evaluating a closed minute passes that minute's end.
-    """
-    return WindowCounters(series, policy.windows, end_ms)

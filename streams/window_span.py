@@ -27,8 +27,13 @@ def window_starts(
 ) -> tuple[list[int], list[int]]:
     """The starts of the hour and of the minute buckets a window holds, each in time
     order. ``minutes`` and ``hours``: the starts held in each tier, sorted."""
-    if not hours and minutes and within_recent(minutes, config, window_ms, end):
-        return [], list(minutes)  # every minute held (a young series' windows)
+    if not hours and minutes:
+        # Minutes at or past the end are never in the window: at a minute's close
+        # a young series already holds the next minute, opened by the request
+        # that closed this one.
+        held = minutes if minutes[-1] < end else minutes[: bisect_left(minutes, end)]
+        if held and within_recent(held, config, window_ms, end):
+            return [], list(held)  # every minute before the end (a young series' windows)
     return starts_by_rule(minutes, hours, config, window_ms, end)
 
 

@@ -21,13 +21,12 @@ from tailguard.streams.burn import (
     burn_rate,
     eligible_requests,
     evaluate,
-    fires,
     goodput_rps,
     thresholds_for,
     time_to_detect_ms,
-    window_counters,
     window_ms,
 )
+from tailguard.streams.burn_windows import fires, fires_each, window_counters
 
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
@@ -573,6 +572,59 @@ def test_windows_sharing_one_counters_object_fire_as_copies_would(
     copies = {name: dataclasses.replace(c) for name, c in one.items()}
     assert fires(spec, policy, one) == fires(spec, policy, copies)
     assert fires(spec, policy, one) == (evaluate(spec, policy, copies).severity is not None)
+
+
+ITL = SloSpec(name="itl-p99", sli="itl_ms", target=0.99, itl_ms=120.0)
+COMPOSITE_TTFT_HEAVY = SloSpec(
+    name="composite-ttft",
+    sli="composite",
+    target=0.995,
+    ttft_ms=800.0,
+    itl_ms=120.0,
+    ttft_weight=0.9,
+    itl_weight=0.1,
+)
+
+
+@given(
+    shared=st.lists(window_counts, min_size=1, max_size=3),
+    which=st.fixed_dictionaries({name: st.integers(0, 2) for name in ALL_WINDOWS}),
+    specs=st.lists(
+        st.sampled_from([TTFT, SUCCESS, COMPOSITE, ITL, COMPOSITE_TTFT_HEAVY]),
+        min_size=1,
+        max_size=5,
+    ),
+)
+def test_fires_each_says_for_every_slo_whether_its_evaluation_has_a_severity(
+    shared: list[Counters], which: dict[str, int], specs: list[SloSpec]
+) -> None:
+    # The SLOs of a series are screened together; windows share counters objects
+    # (as a young series' do), and two composites with other weights share none
+    # of their tallies.
+    policy = BurnPolicy()
+    windows = {name: shared[i % len(shared)] for name, i in which.items()}
+    copies = {name: dataclasses.replace(c) for name, c in windows.items()}
+    expected = [evaluate(spec, policy, copies).severity is not None for spec in specs]
+    assert fires_each(specs, policy, windows) == expected
+
+
+def test_fires_each_reads_a_long_window_only_when_its_short_window_burns() -> None:
+    read: list[str] = []
+
+    class Recording(dict[str, Counters]):
+        def __getitem__(self, name: str) -> Counters:
+            read.append(name)
+            return super().__getitem__(name)
+
+    quiet = Recording(windows_of())
+    assert fires_each([TTFT, SUCCESS], BurnPolicy(), quiet) == [False, False]
+    assert sorted(set(read)) == sorted({rule.short for rule in DEFAULT_RULES})
+    read.clear()
+    burning = Recording(
+        windows_of(**{"1h": ttft_counters(150, 1_000), "5m": ttft_counters(20, 100)})
+    )
+    assert fires_each([SUCCESS, TTFT], BurnPolicy(), burning) == [False, True]
+    assert "1h" in read and read.count("5m") == 1, "each window is looked up once"
 
 
 def test_fires_on_a_paging_burn_and_not_on_a_gated_one() -> None:

@@ -36,3 +36,15 @@ def test_a_young_series_takes_the_shortcut_for_every_window() -> None:
         assert within_recent(minutes, CONFIG, window_minutes * MINUTE, end)
     assert not within_recent(minutes, CONFIG, MINUTE, end), "the older minute is outside"
     assert not within_recent([*minutes, end], CONFIG, 5 * MINUTE, end), "one at the end is not in"
+
+
+def test_a_young_series_closing_a_minute_takes_the_shortcut() -> None:
+    """The request that closes a minute opens the next one: the window of the closed
+    minute holds the minutes before its end, and the shortcut still applies."""
+    end = 500 * MINUTE
+    minutes = [end - 2 * MINUTE, end - MINUTE, end]
+    for window_minutes in (5, 60, 4320):
+        window_ms = window_minutes * MINUTE
+        expected = starts_by_rule(minutes, [], CONFIG, window_ms, end)
+        assert expected == ([], minutes[:2])
+        assert window_starts(minutes, [], CONFIG, window_ms, end) == expected

@@ -1,0 +1,145 @@
+"""A series' burn windows at a minute's close: their counters, read when first
+needed, and which SLOs burn.
+
+Most series are quiet at most closes. Where nobody reads a verdict (no open
+breach, not on ``/metrics``) the close only asks whether
+:func:`~tailguard.streams.burn.evaluate` would give a severity
+(:func:`fires_each`, for all the SLOs of a series at once), and reads a rule's
+long window only when its short window burns.
+"""
+
+import functools
+from collections.abc import Iterator, Mapping, Sequence
+
+from tailguard.streams.burn import (
+    EXCEED_TOLERANCE,
+    BurnPolicy,
+    BurnRule,
+    SloSpec,
+    allowed_bad,
+    bad_and_total,
+    eligible_requests,
+)
+from tailguard.streams.counters import Counters
+from tailguard.streams.ring import SeriesRing
+
+__all__ = ["WindowCounters", "fires", "fires_each", "window_counters"]
+
+
+def fires(spec: SloSpec, policy: BurnPolicy, counters_by_window: Mapping[str, Counters]) -> bool:
+    """Whether :func:`~tailguard.streams.burn.evaluate` would give a severity (a
+    rule fires and passes the traffic gate), without building its verdict.
+
+    Most series are quiet at most closes; where nobody reads the verdict (no
+    open breach, not on ``/metrics``) this is all the close needs to know.
+    ``counters_by_window`` as for :func:`evaluate`.
+    """
+    return fires_each((spec,), policy, counters_by_window)[0]
+
+
+def fires_each(
+    specs: Sequence[SloSpec], policy: BurnPolicy, counters_by_window: Mapping[str, Counters]
+) -> list[bool]:
+    """:func:`fires` of each of ``specs``, all read from one series' windows.
+
+    The SLOs of a series read the same windows, and windows holding the same
+    buckets share one counters object (a young series' windows all do): each
+    window is looked up once for all the SLOs, and each SLI's bad and eligible
+    events are worked out once per counters object, whatever the number of
+    SLOs and rules reading them. A rule's long window is read only when its
+    short window burns.
+    """
+    windows: dict[str, Counters] = {}
+    # (id of a counters object, SLI key) -> bad and eligible events. An entry
+    # is only read while ``windows`` keeps its counters alive, so no id is reused.
+    tallies: dict[tuple[int, object], tuple[float, float]] = {}
+
+    def rate(name: str, spec: SloSpec, allowed: float) -> float:
+        counters = windows.get(name)
+        if counters is None:
+            counters = windows[name] = counters_by_window[name]
+        key = (id(counters), _sli_key(spec))
+        found = tallies.get(key)
+        if found is None:
+            found = tallies[key] = bad_and_total(spec, counters)
+        bad, total = found
+        return (bad / total) / allowed if total > 0 else 0.0
+
+    out = []
+    for spec in specs:
+        allowed, rules = _rule_limits(spec, policy)
+        burning = False
+        for rule, limit in rules:
+            if not (
+                rate(rule.short, spec, allowed) > limit and rate(rule.long, spec, allowed) > limit
+            ):
+                continue
+            if (
+                eligible_requests(spec, windows[rule.long]) >= policy.min_long_events
+                and eligible_requests(spec, windows[rule.short]) >= policy.min_short_events
+            ):
+                burning = True
+                break
+        out.append(burning)
+    return out
+
+
+def _sli_key(spec: SloSpec) -> object:
+    """What :func:`bad_and_total` reads of ``spec``: its SLI, and a composite's weights."""
+    if spec.sli == "composite":
+        return (spec.sli, spec.ttft_weight, spec.itl_weight)
+    return spec.sli
+
+
+@functools.lru_cache(maxsize=1024)
+def _rule_limits(
+    spec: SloSpec, policy: BurnPolicy
+) -> tuple[float, tuple[tuple[BurnRule, float], ...]]:
+    """``1 − target`` and, per rule, the rate a window must exceed (as
+    :func:`~tailguard.streams.burn.evaluate` reckons it): worked out once per SLO
+    and policy, read at every close."""
+    limits = tuple(
+        (rule, policy.threshold(rule, spec) * (1.0 + EXCEED_TOLERANCE)) for rule in policy.rules
+    )
+    return allowed_bad(spec.target), limits
+
+
+class WindowCounters(Mapping[str, Counters]):
+    """Counters of the policy's windows, all ending at one end, each summed when first read.
+
+    Over three days of history a series' seven windows hold some 300 buckets.
+    A quiet series at a minute's close needs only :func:`fires`, which reads a
+    rule's long window only when its short window burns: most closes read the
+    short windows alone (about a third of the additions).
+    """
+
+    def __init__(self, series: SeriesRing, windows: Mapping[str, int], end_ms: int | None) -> None:
+        self._series = series
+        self._windows = windows
+        self._end_ms = end_ms
+        self._read: dict[str, Counters] = {}
+
+    def __getitem__(self, name: str) -> Counters:
+        counters = self._read.get(name)
+        if counters is None:
+            window = self._windows[name]  # KeyError for a window the policy does not read
+            counters = self._read[name] = self._series.counters(window, self._end_ms)
+        return counters
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._windows)
+
+    def __len__(self) -> int:
+        return len(self._windows)
+
+
+def window_counters(
+    series: SeriesRing, policy: BurnPolicy, end_ms: int | None = None
+) -> WindowCounters:
+    """Counters of every window ``policy`` reads, all ending at ``end_ms`` (each
+    summed when first read).
+
+    ``end_ms`` defaults to the end of the bucket holding the watermark; an
+    agent evaluating a closed minute passes that minute's end.
+    """
+    return WindowCounters(series, policy.windows, end_ms)

@@ -149,3 +149,44 @@ def test_a_failed_delivery_fails_the_next_flush_once() -> None:
             await _stop(buffer)
 
     asyncio.run(run())
+
+
+def test_the_producers_flush_is_not_starved_by_writes_made_during_it() -> None:
+    """faust's own flush waited for writes made while it ran too: with other agents
+    writing tables all along, a checkpoint's flush (and faust's commit, which
+    flushes) never ended while they wrote."""
+
+    async def run() -> tuple[float, int]:
+        app = faust.App("drain-test", broker="kafka://127.0.0.1:1")
+        producer = DrainingProducer(app.transport)
+        buffer = producer.draining
+        await buffer.start()
+        channel = _Channel(delay=0.01)
+        stop = asyncio.Event()
+
+        async def other_agent() -> None:
+            n = 100
+            while not stop.is_set():
+                await buffer.wait_until_ebb()
+                for _ in range(3):
+                    buffer.put(_Fut(channel, n))  # type: ignore[arg-type]
+                    n += 1
+                await asyncio.sleep(0.001)
+
+        try:
+            for i in range(3):
+                buffer.put(_Fut(channel, i))  # type: ignore[arg-type]
+            writer = asyncio.create_task(other_agent())
+            began = asyncio.get_running_loop().time()
+            await asyncio.wait_for(producer.flush(), timeout=5.0)
+            took = asyncio.get_running_loop().time() - began
+            stop.set()
+            await writer
+            return took, sum(1 for fut in channel.published if fut.n < 3)
+        finally:
+            stop.set()
+            await _stop(buffer)
+
+    took, first = asyncio.run(run())
+    assert first == 3
+    assert took < 1.0

@@ -17,8 +17,7 @@ import msgspec
 import numpy as np
 from tailguard.schemas import InferenceEvent
 from tailguard.schemas.placement import home_partition, series_key
-from tailguard.streams.columns import Columns
-from tailguard.streams.columns import _Wire as ColumnsWire
+from tailguard.streams.columns import Columns, ColumnsWire
 
 Series = tuple[str, str, str, str]
 

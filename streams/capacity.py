@@ -72,6 +72,7 @@ __all__ = [
     "Decision",
     "IntervalLoad",
     "LoadWindow",
+    "OpenInterval",
     "ScalePolicy",
     "ScaleState",
     "WarmupReport",
@@ -88,7 +89,9 @@ HOLD = "hold"
 
 
 @dataclass(slots=True)
-class _Open:
+class OpenInterval:
+    """The values and tokens an open load interval has gathered so far."""
+
     e2e: list[float] = field(default_factory=list)
     tokens: int = 0
     #: The first ``saved`` values of ``e2e`` are stored already, in segments
@@ -112,7 +115,7 @@ class LoadWindow:
 
     interval_ms: int = 10_000
     grace_ms: int = 2_000
-    open: dict[int, _Open] = field(default_factory=dict)
+    open: dict[int, OpenInterval] = field(default_factory=dict)
     closed_through: int = -1
     late: int = 0
 
@@ -124,7 +127,7 @@ class LoadWindow:
             return []
         slot = self.open.get(start)
         if slot is None:
-            slot = self.open[start] = _Open()
+            slot = self.open[start] = OpenInterval()
         slot.e2e.append(e2e_ms)
         slot.tokens += output_tokens
         watermark = ts_ms - self.grace_ms
@@ -171,7 +174,7 @@ class LoadWindow:
             mine = starts == start
             slot = self.open.get(start)
             if slot is None:
-                slot = self.open[start] = _Open()
+                slot = self.open[start] = OpenInterval()
             slot.e2e.extend(e2e_ms[mine].tolist())
             slot.tokens += int(tokens[mine].sum())
 

@@ -32,7 +32,7 @@ from typing import TypeVar
 
 import msgspec
 from tailguard.streams.breaker import Breaker, BreakerPolicy, ExpertBreakers
-from tailguard.streams.capacity import LoadWindow, ScaleState, WarmupTracker, _Open
+from tailguard.streams.capacity import LoadWindow, OpenInterval, ScaleState, WarmupTracker
 from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.input_marks import Marks
 from tailguard.streams.knee import Knee, KneeConfig, KneeTracker, LoadSample, find_knee
@@ -259,7 +259,7 @@ def decode_core(
     load = LoadWindow(
         interval_ms,
         grace_ms,
-        open={start: _Open(list(e2e), tokens) for start, e2e, tokens in w.open},
+        open={start: OpenInterval(list(e2e), tokens) for start, e2e, tokens in w.open},
         closed_through=w.closed_through,
         late=w.late,
     )

@@ -25,6 +25,7 @@ __all__ = [
     "ERROR_CODES",
     "STATUS_CODES",
     "Columns",
+    "ColumnsWire",
     "event_hash",
     "event_hashes",
     "prompt_column",
@@ -133,7 +134,9 @@ def event_hash(event_id: str) -> int:
     return int(event_hashes([event_id])[0])
 
 
-class _Wire(msgspec.Struct, array_like=True):
+class ColumnsWire(msgspec.Struct, array_like=True):
+    """:class:`Columns` as sent between agents: each array as its bytes."""
+
     ts: bytes
     status: bytes
     e2e: bytes
@@ -329,8 +332,8 @@ class Columns:
         )
 
     # ------------------------------------------------------------------ wire
-    def to_wire(self) -> "_Wire":
-        return _Wire(
+    def to_wire(self) -> "ColumnsWire":
+        return ColumnsWire(
             ts=self.ts.astype(np.int64, copy=False).tobytes(),
             status=self.status.astype(np.uint8, copy=False).tobytes(),
             e2e=self.e2e.astype(np.float64, copy=False).tobytes(),
@@ -353,7 +356,7 @@ class Columns:
         )
 
     @classmethod
-    def from_wire(cls, w: "_Wire") -> "Columns":
+    def from_wire(cls, w: "ColumnsWire") -> "Columns":
         """Inverse of :meth:`to_wire`; raises ``ValueError`` when the arrays disagree."""
         c = cls(
             ts=np.frombuffer(w.ts, dtype=np.int64),

@@ -47,6 +47,17 @@ async def _stop(buffer: ProducerBuffer) -> None:
     await buffer.stop()
 
 
+async def _other_agent(buffer: ProducerBuffer, channel: _Channel, stop: asyncio.Event) -> None:
+    """Another agent writing tables all along (numbered from 100), as faust lets it."""
+    n = 100
+    while not stop.is_set():
+        await buffer.wait_until_ebb()
+        for _ in range(3):
+            buffer.put(_Fut(channel, n))  # type: ignore[arg-type]
+            n += 1
+        await asyncio.sleep(0.001)
+
+
 def test_fausts_own_flush_returns_with_messages_still_buffered() -> None:
     """Why DrainingBuffer exists: faust committed offsets past unsent table writes."""
 
@@ -86,19 +97,9 @@ def test_drain_is_not_starved_by_writes_made_after_it_was_called() -> None:
         buffer = await _started(DrainingBuffer())
         assert isinstance(buffer, DrainingBuffer)
         stop = asyncio.Event()
-
-        async def other_agent() -> None:
-            n = 100
-            while not stop.is_set():
-                await buffer.wait_until_ebb()
-                for _ in range(3):
-                    buffer.put(_Fut(channel, n))  # type: ignore[arg-type]
-                    n += 1
-                await asyncio.sleep(0.001)
-
         for i in range(3):
             buffer.put(_Fut(channel, i))  # type: ignore[arg-type]
-        writer = asyncio.create_task(other_agent())
+        writer = asyncio.create_task(_other_agent(buffer, channel, stop))
         began = asyncio.get_running_loop().time()
         await asyncio.wait_for(buffer.drain(), timeout=5.0)
         took = asyncio.get_running_loop().time() - began
@@ -164,19 +165,10 @@ def test_the_producers_flush_is_not_starved_by_writes_made_during_it() -> None:
         channel = _Channel(delay=0.01)
         stop = asyncio.Event()
 
-        async def other_agent() -> None:
-            n = 100
-            while not stop.is_set():
-                await buffer.wait_until_ebb()
-                for _ in range(3):
-                    buffer.put(_Fut(channel, n))  # type: ignore[arg-type]
-                    n += 1
-                await asyncio.sleep(0.001)
-
         try:
             for i in range(3):
                 buffer.put(_Fut(channel, i))  # type: ignore[arg-type]
-            writer = asyncio.create_task(other_agent())
+            writer = asyncio.create_task(_other_agent(buffer, channel, stop))
             began = asyncio.get_running_loop().time()
             await asyncio.wait_for(producer.flush(), timeout=5.0)
             took = asyncio.get_running_loop().time() - began

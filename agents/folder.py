@@ -76,6 +76,7 @@ from tailguard.streams import WINDOWS, SeriesWindows, summarize_many
 from tailguard.streams.bucket import Bucket
 from tailguard.streams.columns import Columns
 from tailguard.streams.fold import fold_many
+from tailguard.streams.fold_batch import Ledger
 
 __all__ = ["SeriesFolder"]
 
@@ -138,6 +139,8 @@ class SeriesFolder:
         self.breach_topic = topics.breaches.get_topic_name()
         self.interference_topic = topics.interference.get_topic_name()
         self.cadence = settings.checkpoint_cadence()
+        #: What folds owe the series' buckets until one is read (one for every partition).
+        self.ledger = Ledger()
         #: Input held per partition until its next checkpoint: ``(stream, event)``.
         self.pending: dict[int, list[tuple[Any, Any]]] = {}
         #: Partitions whose tables are assigned here and not revoked since (a
@@ -216,7 +219,7 @@ class SeriesFolder:
                 states.append(cached.state)
                 closers.append(self._closer(name, key, cached, specs[key], closing, outgoing))
                 store.mark_unsaved(key, partition)
-        results = fold_many(states, cols, bounds, closers)
+        results = fold_many(states, cols, bounds, closers, self.ledger)
         stats = self.stats
         for result in results:
             stats.events_applied += result.accepted

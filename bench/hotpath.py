@@ -58,6 +58,7 @@ from tailguard.schemas import Limits, decode
 from tailguard.schemas.columnar import decode_columns, is_columnar
 from tailguard.streams import RingConfig, SeriesWindows
 from tailguard.streams.fold import fold_many
+from tailguard.streams.fold_batch import Ledger
 
 from bench.common import machine, write_result
 from bench.throughput import ENCODING
@@ -148,6 +149,7 @@ def main() -> None:
     best: dict[str, float] = {}
     ring = RingConfig()
     since_checkpoint = 0
+    ledger = Ledger()  # as the worker folds: batches put in at the next read
     per_series = float("inf")
     written = 0
 
@@ -181,7 +183,7 @@ def main() -> None:
             for (part, _), groups in zip(by_partition.items(), grouped, strict=True):
                 series = [states.get(s) or new_state(s) for s in groups.series]
                 home.update((s, part) for s in groups.series)
-                fold_many(series, groups.cols, groups.bounds)
+                fold_many(series, groups.cols, groups.bounds, ledger=ledger)
             t3 = time.perf_counter()
         events = len(requests)
         since_checkpoint += events

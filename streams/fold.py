@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 from tailguard.streams.attribution import FACTORS, STAGE_PREFIX
-from tailguard.streams.bucket import EXEMPLARS, Bucket, add_stage, stage_order
+from tailguard.streams.bucket import EXEMPLARS, Bucket, stage_order
 from tailguard.streams.columns import ERROR_CODES, Columns
-from tailguard.streams.digest import Sketch
+from tailguard.streams.fold_batch import FoldBatch, Ledger
 from tailguard.streams.prompt_tally import prompt_rows
 from tailguard.streams.replay import add_replay
 from tailguard.streams.ring import SeriesRing, met_watermark
@@ -30,6 +30,8 @@ from tailguard.streams.window_config import FINE, AddResult
 __all__ = ["fold_many"]
 
 _NO_WM = np.iinfo(np.int64).min
+_NO_ROWS = np.empty(0, dtype=np.int64)
+_NO_VALUES = np.empty(0, dtype=np.float64)
 _ERR_LO, _ERR_HI = min(ERROR_CODES), max(ERROR_CODES)
 _SHIFT = 2**22  # groups per batch the segmented prefix max can separate
 _PARTS = 2**20  # input partitions a (group, partition) key can tell apart
@@ -107,11 +109,15 @@ def fold_many(
     cols: Columns,
     bounds: np.ndarray,
     on_close: Sequence[Callable[[int], None] | None] | None = None,
+    ledger: Ledger | None = None,
 ) -> list[AddResult]:
     """Fold ``cols[bounds[i]:bounds[i+1]]`` into ``states[i]`` for every ``i``.
 
     Returns one :class:`AddResult` per state. All requests of one input
     message for one series must be in the same call (as for ``add_columns``).
+    What the buckets gain is held in ``ledger`` (a new one if None) until a
+    state is read (:mod:`~tailguard.streams.fold_batch`): pass the same ledger
+    to every call, and many batches are put in at once.
     """
     n_groups = len(states)
     results = [AddResult() for _ in range(n_groups)]
@@ -260,7 +266,16 @@ def fold_many(
     acc_sorted = border[keep[border]]  # accepted candidates, by bucket, input order
     ab = inverse[acc_sorted]  # bucket of each
     src = rows[cand[acc_sorted]]  # row in cols
-    _absorb_all(states, buckets, cols, src, ab, g[cand[acc_sorted]], n_b, cfg.max_centroids)
+    batch = _absorb_all(states, buckets, cols, src, ab, g[cand[acc_sorted]], n_b, cfg.max_centroids)
+    if batch.buckets:
+        ledger = ledger if ledger is not None else Ledger()
+        for gi in np.unique(b_group).tolist():
+            held = states[gi].ledger
+            if held is not ledger:
+                if held:
+                    held.settle()  # what it owes is older than this batch
+                states[gi].ledger = ledger
+        ledger.add(batch)
 
     # -- watermarks, tallies, closes ----------------------------------------------
     acc_groups = g[cand[acc_sorted]]
@@ -304,11 +319,10 @@ def _absorb_all(
     ag: np.ndarray,
     n_b: int,
     max_centroids: int,
-) -> None:
-    """Fold the accepted requests ``cols[src]`` (bucket ``ab``, group ``ag``) into ``buckets``.
-
-    Same arithmetic as :meth:`Bucket.absorb`, batched over buckets.
-    """
+) -> FoldBatch:
+    """What the accepted requests ``cols[src]`` (bucket ``ab``, group ``ag``) add to
+    ``buckets``: same arithmetic as :meth:`Bucket.absorb`, batched over buckets,
+    put in when a ledger settles (:mod:`~tailguard.streams.fold_batch`)."""
     thr_ttft = np.array([s.thresholds.ttft_ms for s in states], dtype=np.float64)[ag]
     thr_itl = np.array([s.thresholds.itl_ms for s in states], dtype=np.float64)[ag]
     e2e_set = np.array([s.thresholds.e2e_ms is not None for s in states], dtype=np.bool_)[ag]
@@ -384,29 +398,33 @@ def _absorb_all(
             *factor_columns,
         ],
         axis=1,
-    ).tolist()
+    )
 
-    metrics = []  # (name, values, offsets per bucket as a list: the loop below reads them)
+    # Only buckets that gained something are owed a row (all duplicates: nothing).
+    owed = table.any(axis=1)
+    row_of = np.cumsum(owed) - 1  # bucket -> its row in the batch
+    metrics = []
     for name, mask, values in (
         ("ttft_ms", has_ttft, ttft),
         ("tpot_ms", with_tpot, tpot),
         ("e2e_ms", ok, e2e),
     ):
-        counts = per_bucket(mask)
-        metrics.append((name, values[mask], np.r_[0, np.cumsum(counts)].tolist()))
-    metrics.append(("itl_ms", gaps, np.r_[0, np.cumsum(itl_total)].tolist()))
-    stage_metrics = []
+        if mask.any():
+            metrics.append((name, values[mask], row_of[ab[mask]]))
+    if gaps.size:
+        metrics.append(("itl_ms", gaps, row_of[gap_bucket]))
+    stages = []
     for j in stage_order(cols.stage_names):
         column = cols.stages[src, j]
         mask = ok & ~np.isnan(column)
         if mask.any():
-            off = np.r_[0, np.cumsum(per_bucket(mask))].tolist()
-            stage_metrics.append((STAGE_PREFIX + cols.stage_names[j], column[mask], off))
+            off = np.r_[0, np.cumsum(per_bucket(mask)[owed])].tolist()
+            stages.append((STAGE_PREFIX + cols.stage_names[j], column[mask], off))
 
     # Exemplar candidates: per bucket the requests that can make its top EXEMPLARS.
     traced = ok & cols.has_trace[src]
     t_idx = np.flatnonzero(traced)
-    ex: dict[int, list[tuple[float, str]]] = {}
+    ex_rows, ex_e2e, ex_traces = _NO_ROWS, _NO_VALUES, []
     if t_idx.size:
         tb = ab[t_idx]
         te = e2e[t_idx]
@@ -418,35 +436,25 @@ def _absorb_all(
         kth = np.repeat(te[kth_pos], np.diff(np.r_[start_of, tb.size]))
         chosen = (rank < EXEMPLARS) | (te >= kth)
         # Nor slower than what a bucket already keeps (most requests of a busy
-        # minute are not): its slowest EXEMPLARS, slowest first.
+        # minute are not): its slowest EXEMPLARS, slowest first. A bucket still
+        # owed earlier batches may keep slower ones: more candidates, same result.
         kept = [b.exemplars[-1][0] if len(b.exemplars) >= EXEMPLARS else -np.inf for b in buckets]
         chosen &= te >= np.array(kept, dtype=np.float64)[tb]
         traces = cols.traces
-        for b, e, i in zip(
-            tb[chosen].tolist(), te[chosen].tolist(), src[t_idx[chosen]].tolist(), strict=True
-        ):
-            ex.setdefault(b, []).append((e, traces[i]))
+        ex_rows, ex_e2e = row_of[tb[chosen]], te[chosen]
+        ex_traces = [traces[i] for i in src[t_idx[chosen]].tolist()]
 
     prompts = prompt_rows(cols, src[live], ab[live], (err | bad)[live]) if cols.prompt_names else {}
-
-    for b, bucket in enumerate(buckets):
-        row = table[b]
-        if not any(row):
-            continue
-        for name, n, n_bad, found in prompts.get(b, ()):
-            bucket.add_prompt(name, n, n_bad, found)
-        bucket.add_counts(row)
-        for name, values, off in metrics:
-            lo, hi = off[b], off[b + 1]
-            if hi > lo:
-                sketch = bucket.digests.get(name)
-                if sketch is None:
-                    sketch = bucket.digests[name] = Sketch(max_centroids)
-                sketch.add(values[lo:hi])
-        for name, values, off in stage_metrics:
-            lo, hi = off[b], off[b + 1]
-            if hi > lo:
-                add_stage(bucket, name, values[lo:hi], max_centroids)
-        found = ex.get(b)
-        if found:
-            bucket.merge_exemplars(found)
+    rows = np.flatnonzero(owed)
+    return FoldBatch(
+        buckets=[buckets[b] for b in rows.tolist()],
+        counts=table[rows],
+        metrics=metrics,
+        stages=stages,
+        exemplar_rows=ex_rows,
+        exemplar_e2e=ex_e2e,
+        exemplar_traces=ex_traces,
+        prompts={int(row_of[b]): found for b, found in prompts.items()},
+        events=int(src.size),
+        max_centroids=max_centroids,
+    )

@@ -24,6 +24,7 @@ def add_replay(
     state: SeriesRing, cols: Columns, on_close: Callable[[int], None] | None
 ) -> AddResult:
     """Request by request: replays judged against the watermark they first met."""
+    state.settle()  # buckets change request by request here, after what batches owe them
     cfg = state.config
     width = cfg.bucket_ms
     lateness = cfg.allowed_lateness_ms

@@ -47,6 +47,7 @@ from tailguard.streams.columns import Columns
 from tailguard.streams.counters import Counters
 from tailguard.streams.digest import READ_EXACT_LIMIT
 from tailguard.streams.errors import CorruptStateError
+from tailguard.streams.fold_batch import Ledger
 from tailguard.streams.ring_store import Load, RingRecords, chains, restore_bucket
 from tailguard.streams.sli import Thresholds
 from tailguard.streams.window_config import COARSE, FINE, WM_HISTORY, Changes, RingConfig
@@ -124,6 +125,8 @@ class SeriesRing:
         self._due_ms: int | object | None = _STALE
         #: Whether a restore left buckets awaiting a refill (see :meth:`awaiting_refill`).
         self._refilling = False
+        #: Where folds left what they owe this series' buckets (see :meth:`settle`).
+        self.ledger: Ledger | None = None
 
     def _is_fresh(self, cols: Columns) -> bool:
         """No request of ``cols`` can be a replay or comes from a partition not
@@ -217,6 +220,14 @@ class SeriesRing:
                 bucket.refill = False
             self._refilling = False
 
+    def settle(self) -> None:
+        """Put into the buckets what folded batches owe them
+        (:mod:`~tailguard.streams.fold_batch`; every series of the ledger at once).
+        Every read of bucket contents here settles first; code reading
+        :attr:`fine` or :attr:`coarse` itself must too."""
+        if self.ledger:
+            self.ledger.settle()
+
     def _touch(self, tier: str, start: int) -> None:
         self._records.touch(tier, start)
 
@@ -234,6 +245,7 @@ class SeriesRing:
         last, so what ``on_close`` reads of windows ending at ``end`` is the same
         whether the watermark crept or jumped there.
         """
+        self.settle()
         cfg = self.config
         closed: list[int] = []
         for start, bucket in self.fine.items():
@@ -334,6 +346,7 @@ class SeriesRing:
         bucket kept for that end (until :meth:`release_window_cache`), shared by
         every reader of the end (a minute's close reads some windows three times).
         """
+        self.settle()
         end = self.default_end() if end_ms is None else end_ms
         hours, minutes = self._tiers(window_ms, end)
         parts = hours + minutes
@@ -369,6 +382,7 @@ class SeriesRing:
         holding the same buckets share one merged bucket (a young or sparse
         series' 1m, 5m and 1h windows often do, open minute included), so a
         reader summarising them by bucket does it once."""
+        self.settle()
         out: list[Bucket] = []
         seen: dict[tuple[int, ...], Bucket] = {}
         for window_ms in windows_ms:
@@ -393,6 +407,7 @@ class SeriesRing:
 
     def exemplars(self, window_ms: int, end_ms: int | None = None, k: int = 5) -> list[str]:
         """Trace ids of the ``k`` slowest requests (by E2E) of a window, slowest first."""
+        self.settle()
         candidates = [e for part in self._parts(window_ms, end_ms) for e in part.exemplars]
         return [trace for _, trace in heapq.nlargest(k, candidates)]
 
@@ -402,6 +417,7 @@ class SeriesRing:
         Read them, do not change them: the counters of a window of closed buckets
         are kept for that end like :meth:`window`'s merges (every SLO of a series
         reads the same few windows at a minute's close)."""
+        self.settle()
         end = self.default_end() if end_ms is None else end_ms
         parts = self._parts(window_ms, end)
         if len(parts) == 1:
@@ -441,6 +457,7 @@ class SeriesRing:
         """Records of the buckets changed since the last call (whole, or segments of
         what they gained: :mod:`~tailguard.streams.ring_store`), the records to
         delete, and the meta value."""
+        self.settle()
         return self._records.take(self.fine, self.coarse, self.meta_bytes)
 
     @classmethod

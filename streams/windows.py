@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from tailguard.streams.columns import Columns
 from tailguard.streams.fold import fold_many
+from tailguard.streams.fold_batch import Ledger
 from tailguard.streams.ring import SeriesRing
 from tailguard.streams.sli import LatencyEvent
 from tailguard.streams.window_config import AddResult
@@ -53,4 +54,6 @@ class SeriesWindows(SeriesRing):
         """
         if len(cols) == 0:
             return AddResult()
-        return fold_many([self], cols, [0, len(cols)], [on_close])[0]
+        # The same ledger call after call: batches are put in at the next read.
+        ledger = self.ledger if self.ledger is not None else Ledger()
+        return fold_many([self], cols, [0, len(cols)], [on_close], ledger)[0]

@@ -35,6 +35,7 @@ def test_exemplars_are_the_slowest_traced_requests_of_the_minute(
     for a, b in pairwise(bounds):
         if b > a:
             state.add(events[a:b])
+    state.settle()
     (bucket,) = state.fine.values()
     expected = sorted(
         ((ev.e2e_ms, ev.trace_id) for ev in events if ev.trace_id is not None), reverse=True

@@ -38,6 +38,7 @@ def test_out_of_order_event_within_lateness_is_merged(
     windows.add([make_event(minute(t0, 3))])
     result = windows.add([make_event(minute(t0, 1, 30))])
     assert (result.accepted, result.late) == (1, 0)
+    windows.settle()
     assert windows.fine[minute(t0, 1)].counters.requests == 1
     assert windows.counters(WINDOWS["5m"]).requests == 2
     assert windows.watermark_ms == minute(t0, 3)
@@ -660,6 +661,7 @@ def test_a_closed_minute_read_alone_is_its_own_window_with_the_reads_of_a_merge(
         for s in range(40)
     ]
     windows.add(events)
+    windows.settle()
     itl = windows.fine[t0].digests["itl_ms"]
     assert not itl.exact and not itl.settled
     merged_open = windows.window(WINDOWS["1m"], minute(t0, 1))  # merged while open

@@ -142,6 +142,7 @@ def in_messages(events: list[Any], size: int) -> list[list[Any]]:
 
 def fingerprint(windows: SeriesWindows) -> dict[str, Any]:
     """Everything observable about a ring, with digests reduced to their sample counts."""
+    windows.settle()  # buckets read directly below (windows and counters settle themselves)
 
     def bucket_view(tier: dict[int, Any]) -> dict[int, Any]:
         return {
@@ -356,10 +357,13 @@ def test_folding_many_series_at_once_equals_folding_each_alone(
 
     Batch ``k`` is input message ``k`` of partition 0 and holds a slice of
     every series; some batches are delivered twice (a replay after a crash),
-    which sends those series down the request-by-request path.
+    which sends those series down the request-by-request path. Every batch of
+    ``together`` goes into one ledger, settled for all series at once at the
+    first read (the worker's way); each series ``alone`` settles its own.
     """
     from tailguard.streams.columns import Columns
     from tailguard.streams.fold import fold_many
+    from tailguard.streams.fold_batch import Ledger
 
     per_series = [split(stream(plan, make_event), at) for plan in plans]
     n_batches = max(len(b) for b in per_series)
@@ -372,6 +376,7 @@ def test_folding_many_series_at_once_equals_folding_each_alone(
     together = [SeriesWindows(SMALL) for _ in plans]
     closes_alone: list[list[int]] = [[] for _ in plans]
     closes_together: list[list[int]] = [[] for _ in plans]
+    ledger = Ledger()
     for k in deliveries:
         groups = [batches[k] if k < len(batches) else [] for batches in per_series]
         expected = []
@@ -388,7 +393,7 @@ def test_folding_many_series_at_once_equals_folding_each_alone(
         bounds = [0]
         for events in groups:
             bounds.append(bounds[-1] + len(events))
-        got = fold_many(together, cols, bounds, [c.append for c in closes_together])
+        got = fold_many(together, cols, bounds, [c.append for c in closes_together], ledger)
         assert [totals([r]) for r in got] == [totals([r]) for r in expected]
     assert closes_together == closes_alone
     for a, b in zip(alone, together, strict=True):

@@ -8,32 +8,29 @@ Two tiers of buckets, both aligned to the epoch::
                                                               ▲   ▲ watermark
                                       closed (final) ◀────────┘   └ open: lateness
 
-- An event lands in the 1-minute bucket of its ``ts_ms``. Each input
-  partition that feeds the series has its own watermark, the largest ``ts_ms``
-  it brought (event time, never wall-clock time); the series' *watermark* is
-  the lowest of them (and never moves back). An event is judged late against
-  its own partition's watermark (or the series', if higher), so a replay
-  that interleaves the partitions differently judges every event alike and
-  yields the same state, snapshots and alerts.
-- A bucket *closes* once ``watermark ≥ end + allowed_lateness``; an event for a
-  closed bucket is *late*: it is counted (``late``), not merged.
-- While open, a bucket remembers the 64-bit hashes of its event ids, so a
-  duplicate ``event_id`` is counted once (``duplicates``). A duplicate always
-  carries the same ``ts_ms``, so it lands in the same bucket: the dedup horizon
-  is exactly the time a bucket stays open.
-- When an hour has closed its 60 minute buckets are merged into one coarse
-  bucket; minute buckets are pruned after 2 h, hour buckets after 3 d + 1 h.
+- An event lands in the 1-minute bucket of its ``ts_ms``. Each input partition that feeds the
+  series has its own watermark, the largest ``ts_ms`` it brought (event time, never wall-clock
+  time); the series' *watermark* is the lowest of them (and never moves back). An event is
+  judged late against its own partition's watermark (or the series', if higher), so a replay
+  that interleaves the partitions differently judges every event alike and yields the same
+  state, snapshots and alerts.
+- A bucket *closes* once ``watermark ≥ end + allowed_lateness``; an event for a closed bucket is
+  *late*: it is counted (``late``), not merged.
+- While open, a bucket remembers the 64-bit hashes of its event ids, so a duplicate ``event_id``
+  is counted once (``duplicates``). A duplicate always carries the same ``ts_ms``, so it lands
+  in the same bucket: the dedup horizon is exactly the time a bucket stays open.
+- When an hour has closed its 60 minute buckets are merged into one coarse bucket; minute
+  buckets are pruned after 2 h, hour buckets after 3 d + 1 h.
 
-A window of length ``W`` ending at ``end`` merges the hours lying wholly
-inside ``[end − W, end)`` (coarse buckets, or their minutes while not yet
-rolled up) and the minute buckets of the rest, up to 117 minutes old. Windows
-up to 1 h are therefore exact to the minute; longer windows (6 h, 1 d, 3 d)
-leave out the partial hour at their old edge — always, so that what a window
+A window of length ``W`` ending at ``end`` merges the hours lying wholly inside ``[end − W,
+end)`` (coarse buckets, or their minutes while not yet rolled up) and the minute buckets of the
+rest, up to 117 minutes old. Windows up to 1 h are therefore exact to the minute; longer windows
+(6 h, 1 d, 3 d) leave out the partial hour at their old edge — always, so that what a window
 holds never depends on how far the watermark has run ahead.
 
-State is split for storage: one small *meta* value per series plus one value
-per bucket, so that a batch rewrites only the buckets it touched
-(:meth:`SeriesWindows.take_changes`), not the whole 3-day history.
+State is split for storage: one small *meta* value per series plus one value per bucket, so that
+a batch rewrites only the buckets it touched (:meth:`SeriesWindows.take_changes`), not the whole
+3-day history.
 """
 
 import heapq
@@ -125,8 +122,7 @@ class SeriesRing:
         self._due_ms: int | object | None = _STALE
         #: Whether a restore left buckets awaiting a refill (see :meth:`awaiting_refill`).
         self._refilling = False
-        #: Where folds left what they owe this series' buckets (see :meth:`settle`).
-        self.ledger: Ledger | None = None
+        self.ledger: Ledger | None = None  # what folds owe the buckets (see settle)
 
     def _is_fresh(self, cols: Columns) -> bool:
         """No request of ``cols`` can be a replay or comes from a partition not
@@ -221,10 +217,8 @@ class SeriesRing:
             self._refilling = False
 
     def settle(self) -> None:
-        """Put into the buckets what folded batches owe them
-        (:mod:`~tailguard.streams.fold_batch`; every series of the ledger at once).
-        Every read of bucket contents here settles first; code reading
-        :attr:`fine` or :attr:`coarse` itself must too."""
+        """Put in what folds owe the buckets (:mod:`~tailguard.streams.fold_batch`).
+        Reads here settle first; code reading :attr:`fine` itself must too."""
         if self.ledger:
             self.ledger.settle()
 
@@ -326,7 +320,9 @@ class SeriesRing:
         return hours + minutes
 
     def _tiers(self, window_ms: int, end_ms: int | None) -> tuple[list[Bucket], list[Bucket]]:
-        """The hour and the minute buckets a window holds, each in time order."""
+        """The hour and the minute buckets a window holds, each in time order
+        (settled: every read of a window comes through here)."""
+        self.settle()
         end = self.default_end() if end_ms is None else end_ms
         if end is None:
             return [], []
@@ -342,11 +338,9 @@ class SeriesRing:
     def window(self, window_ms: int, end_ms: int | None = None) -> Bucket:
         """Merged bucket (counters, digests, exemplars) of ``[end − W, end)``.
 
-        Read it, do not change it: a window of closed buckets only is the merged
-        bucket kept for that end (until :meth:`release_window_cache`), shared by
-        every reader of the end (a minute's close reads some windows three times).
-        """
-        self.settle()
+        Read it, do not change it: a window of closed buckets only is the merged bucket kept
+        for that end (until :meth:`release_window_cache`), shared by every reader of the end
+        (a minute's close reads some windows three times)."""
         end = self.default_end() if end_ms is None else end_ms
         hours, minutes = self._tiers(window_ms, end)
         parts = hours + minutes
@@ -378,11 +372,9 @@ class SeriesRing:
         return Bucket.combine([cached, *live], mc, exact) if live else cached
 
     def windows(self, windows_ms: Sequence[int], end_ms: int) -> list[Bucket]:
-        """:meth:`window` of each of ``windows_ms``, all ending at ``end_ms``: windows
-        holding the same buckets share one merged bucket (a young or sparse
-        series' 1m, 5m and 1h windows often do, open minute included), so a
-        reader summarising them by bucket does it once."""
-        self.settle()
+        """:meth:`window` of each of ``windows_ms``, all ending at ``end_ms``: windows holding
+        the same buckets share one merged bucket (a young or sparse series' 1m, 5m and 1h
+        windows often do, open minute included), so a reader summarising them does it once."""
         out: list[Bucket] = []
         seen: dict[tuple[int, ...], Bucket] = {}
         for window_ms in windows_ms:
@@ -407,17 +399,15 @@ class SeriesRing:
 
     def exemplars(self, window_ms: int, end_ms: int | None = None, k: int = 5) -> list[str]:
         """Trace ids of the ``k`` slowest requests (by E2E) of a window, slowest first."""
-        self.settle()
         candidates = [e for part in self._parts(window_ms, end_ms) for e in part.exemplars]
         return [trace for _, trace in heapq.nlargest(k, candidates)]
 
     def counters(self, window_ms: int, end_ms: int | None = None) -> Counters:
         """Exact counters of a window, without merging digests (cheap: burn rates).
 
-        Read them, do not change them: the counters of a window of closed buckets
-        are kept for that end like :meth:`window`'s merges (every SLO of a series
-        reads the same few windows at a minute's close)."""
-        self.settle()
+        Read them, do not change them: the counters of a window of closed buckets are kept for
+        that end like :meth:`window`'s merges (every SLO of a series reads the same few windows
+        at a minute's close)."""
         end = self.default_end() if end_ms is None else end_ms
         parts = self._parts(window_ms, end)
         if len(parts) == 1:

@@ -75,7 +75,7 @@ from tailguard.schemas.placement import series_of_key
 from tailguard.streams import WINDOWS, SeriesWindows, summarize_many
 from tailguard.streams.bucket import Bucket
 from tailguard.streams.columns import Columns
-from tailguard.streams.fold import fold_many
+from tailguard.streams.fold import fold_many, tidy_after
 from tailguard.streams.fold_batch import Ledger
 
 __all__ = ["SeriesFolder"]
@@ -85,6 +85,8 @@ Outgoing = list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]
 #: One window of one series to publish: series, its state, window name, end, and
 #: the window's merged bucket (read when the minute closed).
 Read = tuple[Series, SeriesWindows, str, int, Bucket]
+#: A minute of a series that closed: the series, its key, its state, its SLOs, the end.
+Close = tuple[Series, str, CachedSeries, list[Any], int]
 
 _MAX_GPUS_PER_SERIES = 64
 #: Series remembered as fed through the forward path (forgotten all at once past it).
@@ -195,8 +197,7 @@ class SeriesFolder:
         The caller holds :attr:`busy` and has held (:meth:`hold`) at least one
         event of ``partition``: table access runs under the newest of them.
         """
-        outgoing: Outgoing = []
-        closing: list[Read] = []
+        closes: list[Close] = []
         states = []
         closers = []
         gpus_of: dict[int, list[tuple[str, int, int]]] = {}
@@ -217,21 +218,17 @@ class SeriesFolder:
                 if i in gpus_of:
                     _note_gpus(cached, gpus_of[i])
                 states.append(cached.state)
-                closers.append(self._closer(name, key, cached, specs[key], closing, outgoing))
+                closers.append(self._closer(name, key, cached, specs[key], closes))
                 store.mark_unsaved(key, partition)
-        results = fold_many(states, cols, bounds, closers, self.ledger)
+        with tidy_after(states):
+            results = fold_many(states, cols, bounds, closers, self.ledger)
+            self.close_all(closes)
         stats = self.stats
         for result in results:
             stats.events_applied += result.accepted
             stats.late += result.late
             stats.duplicates += result.duplicates
             stats.replayed += result.replayed
-        started = time.perf_counter()
-        finals = self.snapshots(closing, final=True) if closing else []
-        stats.close_seconds += time.perf_counter() - started
-        self.send_all(finals)
-        self.send_all(outgoing)
-        self.send_points()
 
     async def checkpoint_due(self, partitions: Iterable[int]) -> None:
         """Checkpoint those of ``partitions`` that are due: after a batch's folds,
@@ -246,17 +243,14 @@ class SeriesFolder:
         async with self.busy:
             found = self.idle_feeders.idle(self.store.items(), now)
             for key, cached, partition in found:
-                closing: list[Read] = []
-                outgoing: Outgoing = []
+                closes: list[Close] = []
                 name = self.names.get(key) or series_of_key(key)
                 slos = self._specs.get(key) or self.engine.specs_for(name)
-                with self._on_partition(cached.partition):
-                    closer = self._closer(name, key, cached, slos, closing, outgoing)
+                with self._on_partition(cached.partition), tidy_after([cached.state]):
+                    closer = self._closer(name, key, cached, slos, closes)
                     cached.state.forget_feeder(partition, closer)
                     self.store.mark_unsaved(key, cached.partition)
-                self.send_all(self.snapshots(closing, final=True))
-                self.send_all(outgoing)
-            self.send_points()
+                    self.close_all(closes)
         return len(found)
 
     # -- outputs --------------------------------------------------------------
@@ -323,37 +317,47 @@ class SeriesFolder:
         return out
 
     def _closer(
-        self,
-        series: Series,
-        key: str,
-        cached: CachedSeries,
-        slos: list[Any],
-        closing: list[Read],
-        outgoing: Outgoing,
+        self, series: Series, key: str, cached: CachedSeries, slos: list[Any], closes: list[Close]
     ) -> Any:
-        engine = self.engine
+        """What the fold calls for each minute of ``series`` that closes: it only
+        notes the minute; :meth:`close_all` closes them all once the fold is done."""
 
         def on_close(end_ms: int) -> None:
-            # Runs inside the fold, before roll-up and pruning: what it reads of
-            # windows ending at end_ms is final and independent of batching. The
-            # reads are summarised together, a chunk at a time (see snapshots).
-            started = time.perf_counter()
+            closes.append((series, key, cached, slos, end_ms))
+
+        return on_close
+
+    def close_all(self, closes: list[Close]) -> None:
+        """Close every minute of ``closes`` (in the order they closed) and publish
+        what that gives: final snapshots, SLO and silent evaluations, breach
+        events, the closed minutes for the interference detector.
+
+        Runs before the folded series are tidied (:func:`tidy_after`): what it
+        reads of windows ending at a closed minute is what a read at the moment
+        the minute closed would have seen."""
+        if not closes:
+            return
+        started = time.perf_counter()
+        engine, source = self.engine, self.settings.source
+        closing: list[Read] = []
+        outgoing: Outgoing = []
+        for series, key, cached, slos, end_ms in closes:
+            # Final snapshots are summarised together, a chunk at a time (see snapshots).
             closing.extend(self.reads(series, cached.state, end_ms, final=True))
             if len(closing) >= _SUMMARY_CHUNK:
                 outgoing.extend(self.snapshots(closing, final=True))
                 closing.clear()
             transitions: list[Any] = engine.evaluate(series, key, cached, end_ms, slos)
             transitions += engine.evaluate_silent(key, cached, end_ms)
-            for value, headers in engine.payloads(
-                transitions, series, cached, self.settings.source
-            ):
+            for value, headers in engine.payloads(transitions, series, cached, source):
                 outgoing.append((self.breach_topic, key.encode(), value, headers))
             # Done with this end: the merged windows kept for it are memory only
             # (with 10k series, a few hundred MiB at a minute's close).
             cached.state.release_window_cache()
-            self.stats.close_seconds += time.perf_counter() - started
-
-        return on_close
+        outgoing.extend(self.snapshots(closing, final=True))
+        self.stats.close_seconds += time.perf_counter() - started
+        self.send_all(outgoing)
+        self.send_points()
 
     # -- checkpoints ----------------------------------------------------------
     @contextmanager

@@ -6,10 +6,11 @@ The throughput benchmark's ``close_minute_s`` is this close plus whatever the
 broker and the machine do meanwhile; here it is alone. The benchmark's
 messages (10,000 series, 60 requests each) are folded into their windows,
 recording every minute that closes; then each close is replayed through the
-worker's own close (:meth:`~tailguard.agents.folder.SeriesFolder` ``_closer``:
-the windows merged, their final snapshots summarised and framed, every SLO of
-the series and the silent detector evaluated, breach events framed), without
-a broker: what would be published is counted, not sent; the fastest of
+worker's own close (:meth:`~tailguard.agents.folder.SeriesFolder.close_all`,
+all of them in one pass: the windows merged, their final snapshots summarised
+and framed, every SLO of the series and the silent detector evaluated, breach
+events framed), without a broker: what would be published is counted, not
+sent; the fastest of
 ``ROUNDS`` replays counts. Writes
 ``bench/results/close.json``: the whole close, and per series. The data path
 needs the close of a minute of 10,000 series within 1 s.
@@ -25,6 +26,7 @@ import numpy as np
 from tailguard.agents.breaches import BreachEngine
 from tailguard.agents.control import SloBook
 from tailguard.agents.folder import SeriesFolder
+from tailguard.agents.interference_wire import PointsMsg, decode_internal
 from tailguard.agents.internal import group_by_partition, series_index, series_key
 from tailguard.agents.pipeline import default_slos
 from tailguard.agents.settings import Settings
@@ -88,45 +90,60 @@ def _request(event_id: str, ts_ms: int) -> InferenceEvent:
     )
 
 
+class _Counted:
+    """Outputs that count what would be sent, per topic, and the closed minutes
+    the interference records carry."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, int] = {}
+        self.points = 0
+
+    def send(self, topic: str, key: bytes, value: bytes, headers: Any = None) -> None:
+        self.sent[topic] = self.sent.get(topic, 0) + 1
+        if topic == "interference":
+            msg = decode_internal(value)
+            self.points += len(msg.points) if isinstance(msg, PointsMsg) else 0
+
+
 def _folder() -> tuple[SeriesFolder, BreachEngine]:
     settings = Settings()
     engine = BreachEngine(slos=SloBook(default_slos()).specs, state_table={}, gpu_table=None)
     topics: Any = SimpleNamespace(
         sli=_topic("sli"), breaches=_topic("breaches"), interference=_topic("interference")
     )
-    folder = SeriesFolder(None, topics, settings, WorkerStats(), None, engine, None)  # type: ignore[arg-type]
+    outputs: Any = _Counted()
+    folder = SeriesFolder(None, topics, settings, WorkerStats(), None, engine, outputs)  # type: ignore[arg-type]
     return folder, engine
 
 
 def replay_closes(
     closes: list[tuple[tuple[str, str, str, str], int]],
     states: dict[tuple[str, str, str, str], SeriesWindows],
-) -> tuple[list[float], list[Any], tuple[int, int]]:
-    """Each close through the worker's own close, ``ROUNDS`` times: seconds per round,
-    what the last round would have published, and its interference points and
-    their records."""
-    folder, engine = _folder()
-    specs = {s: engine.specs_for(s) for s, _ in closes}
+) -> tuple[list[float], dict[str, int], int]:
+    """Every close through the worker's own close, ``ROUNDS`` times: seconds per
+    round, the records the last round would have published per topic, and its
+    interference points."""
+    specs: dict[Any, list[Any]] = {}
     rounds = []
-    outgoing: list[Any] = []
-    points, records = 0, []
+    sent: dict[str, int] = {}
+    points = 0
     for _ in range(ROUNDS):
-        closing: list[Any] = []
-        outgoing = []
+        folder, engine = _folder()
+        for series, _ in closes:
+            specs.setdefault(series, engine.specs_for(series))
+        pending = [
+            (series, series_key(*series), CachedSeries(states[series], 0), specs[series], end)
+            for series, end in closes
+        ]
         gc.disable()  # as the ingest agent folds (and closes) a batch
         started = time.perf_counter()
-        for series, end in closes:
-            key = series_key(*series)
-            cached = CachedSeries(states[series], 0)
-            folder._closer(series, key, cached, specs[series], closing, outgoing)(end)
-        outgoing.extend(folder.snapshots(closing, final=True))
-        points = sum(len(p) for p in folder.points.values())
-        records = folder.point_records()  # what goes to the interference detector
+        folder.close_all(pending)
         rounds.append(time.perf_counter() - started)
         gc.enable()
+        sent, points = folder.outputs.sent, folder.outputs.points
         for state in states.values():
             state.release_window_cache()
-    return rounds, outgoing, (points, len(records))
+    return rounds, sent, points
 
 
 def steady_states(n_series: int) -> tuple[list[Any], dict[Any, SeriesWindows]]:
@@ -160,7 +177,7 @@ def main() -> None:
     gc.set_threshold(100_000, 50, 100)
     states: dict[tuple[str, str, str, str], SeriesWindows] = {}
     closes = fold_and_record(states)
-    rounds, outgoing, (points, point_records) = replay_closes(closes, states)
+    rounds, sent, points = replay_closes(closes, states)
     seconds = min(rounds)
     n_series = len({s for s, _ in closes})
     steady_closes, steady = steady_states(STEADY_SERIES)
@@ -178,10 +195,10 @@ def main() -> None:
         "rounds_s": [round(r, 3) for r in rounds],
         "us_per_close": round(seconds / len(closes) * 1e6, 1),
         "published": {
-            "snapshots": sum(1 for topic, *_ in outgoing if topic == "sli"),
-            "breach_events": sum(1 for topic, *_ in outgoing if topic == "breaches"),
+            "snapshots": sent.get("sli", 0),
+            "breach_events": sent.get("breaches", 0),
             "interference_points": points,
-            "interference_records": point_records,
+            "interference_records": sent.get("interference", 0),
         },
         "steady": {
             "history": "3 days and 1 hour, 10 requests a minute",

@@ -15,7 +15,8 @@ replay, or that has restored buckets waiting to be refilled, is handed to
 the request-by-request path (:func:`~tailguard.streams.replay.add_replay`) instead.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 from tailguard.streams.attribution import FACTORS, STAGE_PREFIX
@@ -27,7 +28,7 @@ from tailguard.streams.replay import add_replay
 from tailguard.streams.ring import SeriesRing, met_watermark
 from tailguard.streams.window_config import FINE, AddResult
 
-__all__ = ["fold_many"]
+__all__ = ["fold_many", "tidy_after"]
 
 _NO_WM = np.iinfo(np.int64).min
 _NO_ROWS = np.empty(0, dtype=np.int64)
@@ -102,6 +103,22 @@ def _first_feeder(state: SeriesRing, feeds: int) -> bool:
     ever: nothing to meet, so the batched path judges it exactly as the
     request-by-request path would (each request against the newest before it)."""
     return feeds == 1 and not state.feeders and state.watermark_ms is None and not state.fine
+
+
+@contextmanager
+def tidy_after(states: Sequence[SeriesRing]) -> Iterator[None]:
+    """Hold the roll-ups and pruning of ``states`` until the block is done.
+
+    A fold only notes the minutes that close; the block then reads every one
+    of them, all series together, before any bucket rolls up or goes (see
+    :meth:`SeriesRing._advance`)."""
+    for state in states:
+        state.tidy_held = True
+    try:
+        yield
+    finally:
+        for state in states:
+            state.tidy()
 
 
 def fold_many(

@@ -20,6 +20,13 @@ from tailguard.streams.window_config import FINE, WM_HISTORY, AddResult
 __all__ = ["add_replay"]
 
 
+def _next_close(state: SeriesRing) -> int | None:
+    """Watermark at which the oldest open bucket of ``state`` closes."""
+    cfg = state.config
+    opens = [s for s, b in state.fine.items() if b.ids is not None]
+    return min(opens) + cfg.bucket_ms + cfg.allowed_lateness_ms if opens else None
+
+
 def add_replay(
     state: SeriesRing, cols: Columns, on_close: Callable[[int], None] | None
 ) -> AddResult:
@@ -45,7 +52,7 @@ def add_replay(
     # input without positions, starts from the series').
     judge = _floor(feeders.get(part), wm)
     met: int | None = judge  # watermark the current input message met
-    next_close = state._next_close()
+    next_close = _next_close(state)
     parts = cols.part.tolist()
     offsets = cols.offset.tolist()
     hashes = cols.ids.tolist()
@@ -120,7 +127,7 @@ def add_replay(
                     state.watermark_ms = wm
                     result.closed_ends.extend(state._advance(wm, on_close))
                     state._clear_refill()
-                    next_close = state._next_close()
+                    next_close = _next_close(state)
         if judge is None or ts > judge:
             judge = ts
     for p, o in newest.items():

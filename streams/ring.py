@@ -123,6 +123,8 @@ class SeriesRing:
         #: Whether a restore left buckets awaiting a refill (see :meth:`awaiting_refill`).
         self._refilling = False
         self.ledger: Ledger | None = None  # what folds owe the buckets (see settle)
+        #: Roll-ups and pruning wait for :meth:`tidy` (see :meth:`_advance`).
+        self.tidy_held = False
 
     def _is_fresh(self, cols: Columns) -> bool:
         """No request of ``cols`` can be a replay or comes from a partition not
@@ -176,11 +178,8 @@ class SeriesRing:
         return bucket
 
     def _due(self) -> int:
-        """The lowest watermark at which :meth:`_advance` would change anything.
-
-        Closing a bucket, rolling up an hour or pruning: below this watermark
-        an ``_advance`` is a no-op, so the batched paths may skip it.
-        """
+        """The lowest watermark at which :meth:`_advance` would close, roll up or
+        prune anything: below it an ``_advance`` is a no-op, and may be skipped."""
         due = self._due_ms
         if due is _STALE:
             cfg = self.config
@@ -222,14 +221,8 @@ class SeriesRing:
         if self.ledger:
             self.ledger.settle()
 
-    def _touch(self, tier: str, start: int) -> None:
+    def _touch(self, tier: str, start: int) -> None:  # the bucket's next record is due
         self._records.touch(tier, start)
-
-    def _next_close(self) -> int | None:
-        """Watermark at which the oldest open bucket closes."""
-        cfg = self.config
-        opens = [s for s, b in self.fine.items() if b.ids is not None]
-        return min(opens) + cfg.bucket_ms + cfg.allowed_lateness_ms if opens else None
 
     def _advance(self, wm: int, on_close: Callable[[int], None] | None = None) -> list[int]:
         """Close, roll up and prune everything the watermark has passed.
@@ -237,8 +230,10 @@ class SeriesRing:
         ``on_close(end)`` runs for every closed bucket, oldest first; an hour is
         rolled up right after its last minute's ``on_close`` and pruning comes
         last, so what ``on_close`` reads of windows ending at ``end`` is the same
-        whether the watermark crept or jumped there.
-        """
+        whether the watermark crept or jumped there. While :attr:`tidy_held`, roll-ups
+        and pruning wait for :meth:`tidy`: windows ending at a closed end read the same
+        events, and up to an hour the same minute buckets (an hour rolls up after its
+        last minute's close)."""
         self.settle()
         cfg = self.config
         closed: list[int] = []
@@ -248,6 +243,11 @@ class SeriesRing:
                 self._touch(FINE, start)
                 closed.append(start + cfg.bucket_ms)
         closed.sort()
+        if self.tidy_held:
+            for end in closed if on_close is not None else ():
+                on_close(end)
+            self._due_ms = _STALE
+            return closed
         # Hours whose minute buckets are all closed: the last minute
         # [h + rollup − bucket, h + rollup) closes at h + rollup + lateness.
         pending = sorted(
@@ -277,6 +277,13 @@ class SeriesRing:
             self._order = None
         self._due_ms = _STALE
         return closed
+
+    def tidy(self) -> None:
+        """Roll up and prune what the watermark passed while :attr:`tidy_held`."""
+        self.tidy_held = False
+        wm = self.watermark_ms
+        if wm is not None and wm >= self._due():
+            self._advance(wm)
 
     def _roll_up(self, hour: int) -> None:
         """Merge the minute buckets of ``hour`` into its coarse bucket (once)."""
@@ -336,11 +343,9 @@ class SeriesRing:
         return tiers
 
     def window(self, window_ms: int, end_ms: int | None = None) -> Bucket:
-        """Merged bucket (counters, digests, exemplars) of ``[end − W, end)``.
-
-        Read it, do not change it: a window of closed buckets only is the merged bucket kept
-        for that end (until :meth:`release_window_cache`), shared by every reader of the end
-        (a minute's close reads some windows three times)."""
+        """Merged bucket (counters, digests, exemplars) of ``[end − W, end)``. Read it, do
+        not change it: a window of closed buckets is the merge kept for that end (until
+        :meth:`release_window_cache`), shared by every reader of the end."""
         end = self.default_end() if end_ms is None else end_ms
         hours, minutes = self._tiers(window_ms, end)
         parts = hours + minutes
@@ -387,12 +392,8 @@ class SeriesRing:
         return out
 
     def release_window_cache(self) -> None:
-        """Forget the merged closed parts :meth:`window` keeps.
-
-        They pay off while one end is read several times (a closed minute's final
-        snapshots, then its SLO evaluation and breach evidence); once that is
-        done they are only memory — about a merged digest per window per series.
-        """
+        """Forget the merged closed parts :meth:`window` keeps: they pay off while one
+        end is read several times (a minute's close), then they are only memory."""
         self._closed_cache.clear()
         self._counter_cache.clear()
         self._tiers_memo.clear()
@@ -403,11 +404,9 @@ class SeriesRing:
         return [trace for _, trace in heapq.nlargest(k, candidates)]
 
     def counters(self, window_ms: int, end_ms: int | None = None) -> Counters:
-        """Exact counters of a window, without merging digests (cheap: burn rates).
-
-        Read them, do not change them: the counters of a window of closed buckets are kept for
-        that end like :meth:`window`'s merges (every SLO of a series reads the same few windows
-        at a minute's close)."""
+        """Exact counters of a window, without merging digests (cheap: burn rates). Read
+        them, do not change them: those of closed buckets are kept for that end like
+        :meth:`window`'s merges (a minute's close reads the same few windows per SLO)."""
         end = self.default_end() if end_ms is None else end_ms
         parts = self._parts(window_ms, end)
         if len(parts) == 1:

@@ -244,8 +244,9 @@ class SeriesRing:
                 closed.append(start + cfg.bucket_ms)
         closed.sort()
         if self.tidy_held:
-            for end in closed if on_close is not None else ():
-                on_close(end)
+            if on_close is not None:
+                for end in closed:
+                    on_close(end)
             self._due_ms = _STALE
             return closed
         # Hours whose minute buckets are all closed: the last minute

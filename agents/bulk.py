@@ -86,6 +86,12 @@ class BulkWriter:
         #: Tables written through this writer (their databases are flushed at a stop).
         self._tables: set[Any] = set()
 
+    @staticmethod
+    def can_write(table: Any) -> bool:
+        """Whether :meth:`write` writes ``table`` in bulk, on the partition it is given
+        (a table on another store is written key by key, on the current event's)."""
+        return _bulk_capable(table)
+
     def write(
         self,
         table: Any,

@@ -2,10 +2,11 @@
 
 ::
 
-    ingest (validated events) ──forward──▶ tailguard.internal.capacity ──▶ capacity agent
-         (columns of the requests of each deployment service|model,        │
-          one message per partition and batch)                             │
-                                                                            ├─▶ tailguard.capacity
+    ingest (validated events) ──apply in place──────────────────────────▶ capacity state
+       │ (deployments whose partition is here)                              │
+       └──forward──▶ tailguard.internal.capacity ──▶ capacity agent ────────┤
+         (deployments of other workers: their columns,                      ├─▶ tailguard.capacity
+          one message per partition and batch)                              │
     GpuCache (latest tailguard.gpu sample per host:gpu) ──join─────────────┤
                                                                             └─▶ tailguard.audit
 
@@ -30,21 +31,24 @@ as bytes of :mod:`tailguard.streams.capacity_state`::
                              its intervals closed, or once a segment holding
                              every open value replaced it)
 
-A message holds the requests of one ingest batch for the deployments of one
-partition (a deployment always hashes to the same one), as columns per
-deployment, at most 2,000 requests (the wire format:
-:mod:`~tailguard.agents.capacity_columns`). Per message: each deployment in it
-is read from the table once (then kept in memory until the next partition
-assignment), its requests are applied
-(:func:`~tailguard.agents.capacity_apply.apply_rows`), the
-records they produced are flushed, then the state that changed is written —
-experts, indexes and the knee (only when an interval closed) first, the core
-(with the message's offset) last. A message at or below a deployment's stored
-offset was applied to it already and is skipped for it; why each crash point
-loses and invents nothing is in docs/capacity.md.
+The ingest applies the requests of the deployments whose partition is
+assigned here itself (:func:`register_capacity`'s ``forward``); the others go
+to the partition's owner through the internal topic. A message there holds the
+requests of one ingest batch for the deployments of one partition (a
+deployment always hashes to the same one), as columns per deployment, at most
+2,000 requests (the wire format: :mod:`~tailguard.agents.capacity_columns`).
+Either way, each deployment is read from the table once (then kept in memory
+until the next partition assignment, :mod:`~tailguard.agents.capacity_store`),
+its requests are applied (:func:`~tailguard.agents.capacity_apply.apply_rows`),
+the records they produced are delivered, then the state that changed is
+written and delivered — experts, indexes and the knee (only when an interval
+closed) first, the core (with the offset of the last internal message
+applied) last. An internal message at or below a deployment's stored offset
+was applied to it already and is skipped for it; why each crash point loses
+and invents nothing is in docs/capacity.md.
 
-The ingest acknowledges its input at checkpoints, so after a crash it forwards
-again the requests since the last one, in new internal messages. Every row
+The ingest acknowledges its input at checkpoints, so after a crash it applies
+or forwards again the requests since the last one. Every row
 therefore carries the input position of its event (runs of
 :mod:`~tailguard.streams.input_marks`), the core keeps the newest position
 applied per input partition, and a row at or below it is skipped
@@ -60,6 +64,7 @@ from typing import Any
 import faust
 import msgspec
 from faust.types import TP
+from tailguard.agents.bulk import BulkWriter
 from tailguard.agents.capacity_apply import (
     Breaker,
     Deployment,
@@ -77,27 +82,15 @@ from tailguard.agents.capacity_columns import (
     messages,
     partition_of,
 )
+from tailguard.agents.capacity_store import CapacityStore, Writes
 from tailguard.agents.capacity_tuning import CapacityTuning
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
 from tailguard.agents.topics import internal_topic, precreate_topics
 from tailguard.streams.capacity import HOLD, Decision
-from tailguard.streams.capacity_state import (
-    decode_core,
-    decode_experts,
-    decode_knee,
-    decode_rag,
-    encode_core,
-    encode_experts,
-    encode_knee,
-    encode_rag,
-    restore_segments,
-    segment_changes,
-)
 from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.input_marks import unapplied
-from tailguard.streams.rag import RagThreshold
 
 from tailguard import catalogue as cat
 
@@ -115,7 +108,6 @@ SCHEMA = "tailguard.capacity.v1"
 CAPACITY_INTERNAL = "tailguard.internal.capacity"
 #: RocksDB table (changelogged) with every deployment's state (module docstring).
 CAPACITY_TABLE = "tailguard-capacity"
-_SEP = "\x1f"
 #: Holds published (besides scale_up/scale_down): a wanted action that a guard blocked.
 _BLOCKED = {"weights_resident", "cooldown"}
 
@@ -125,12 +117,14 @@ class CapacityStats:
     rows: int = 0
     published: int = 0
     late: int = 0
-    #: Deployments whose state was read back from the table (restart, rebalance).
-    restored: int = 0
     #: Messages at or below a deployment's stored offset (applied before a crash).
     replayed: int = 0
     #: Rows whose input position a deployment had applied (forwarded again after a crash).
     replayed_rows: int = 0
+    #: Rows the ingest applied itself (their deployment's partition is here) ...
+    in_place: int = 0
+    #: ... and rows it forwarded through the internal topic to the partition's owner.
+    forwarded: int = 0
     corrupt_states: int = 0
     #: A deployment's rows of one message that raised while applied (a bug: logged,
     #: skipped, so that one message cannot stop the agent for every deployment).
@@ -152,11 +146,6 @@ def _event_id(*parts: object) -> str:
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:32]
 
 
-def _segment_key(key: str, number: int) -> bytes:
-    """Table key of segment ``number`` of deployment ``key`` (service|model)."""
-    return f"O{_SEP}{key}{_SEP}{number}".encode()
-
-
 def _direction(change: dict[str, Any]) -> str:
     """How a RAG similarity threshold moved."""
     previous = change["previous"]
@@ -170,6 +159,7 @@ def register_capacity(
     settings: Settings,
     *,
     outputs: Outputs,
+    writer: BulkWriter | None = None,
     gpu_cache: Any = None,
     admin: Any = None,
     tuning: CapacityTuning | None = None,
@@ -178,6 +168,7 @@ def register_capacity(
     import os
 
     tune = tuning or CapacityTuning.from_json(os.environ.get("TAILGUARD_CAPACITY", ""))
+    writer = writer or BulkWriter(outputs)
     internal_name = settings.topic_prefix + CAPACITY_INTERNAL
     internal = internal_topic(app, settings, internal_name)
     precreate_topics(settings, [internal_name], [CAPACITY_TABLE])
@@ -192,110 +183,101 @@ def register_capacity(
     )
     out_topic = settings.topic_prefix + cat.CAPACITY
     cstats = CapacityStats()
-    # Deployments read from the table since the last partition assignment.
-    deployments: dict[str, Deployment] = {}
 
     def corrupt(key: bytes, exc: CorruptStateError) -> None:
         cstats.corrupt_states += 1
         app.log.error("tailguard: capacity state %r discarded: %s", key, exc)
 
-    def segment(key: str, number: int) -> bytes:
-        raw = table.get(_segment_key(key, number))
-        if raw is None:
-            msg = f"segment {number} of the open intervals is missing"
-            raise CorruptStateError(msg)
-        return raw  # type: ignore[no-any-return]
+    store = CapacityStore(table, tune, settings.partitions, corrupt)
+    deployments = store.deployments
+    #: Partitions of the internal topic (and table) assigned here and not revoked
+    #: since: the ingest applies its requests of their deployments in place.
+    local: set[int] = set()
+    #: One deployment's state is applied and stored by one coroutine at a time
+    #: (the ingest's in-place path and the agent both await deliveries).
+    busy = asyncio.Lock()
 
-    def load(key: str, service: str, model: str) -> Deployment:
-        """The deployment from memory, else from the table, else new."""
-        dep = deployments.get(key)
-        if dep is not None:
-            return dep
-        dep = Deployment.new(service, model, tune)
-        ckey, ekey = f"C{_SEP}{key}".encode(), f"E{_SEP}{key}".encode()
-        raw = table.get(ckey)
-        if raw is not None:
+    async def delivered(what: str) -> None:
+        """Wait until everything queued so far is delivered (the broker may be away)."""
+        while True:
             try:
-                core = decode_core(
-                    raw,
-                    interval_ms=tune.interval_ms,
-                    grace_ms=tune.grace_ms,
-                    knee=tune.knee,
-                    warmup_after=tune.warmup_after,
-                )
-                restore_segments(core, [segment(key, n) for n, _ in core.segments])
-                dep.core = core
-                cstats.restored += 1
-            except CorruptStateError as exc:
-                corrupt(ckey, exc)
-        kkey = f"K{_SEP}{key}".encode()
-        raw = table.get(kkey)
-        if raw is not None:
-            try:
-                dep.core.knee = decode_knee(raw, tune.knee)
-            except CorruptStateError as exc:
-                corrupt(kkey, exc)
-        elif dep.core.knee.samples:
-            dep.knee_dirty = True  # a core written with its history (older workers): move it
-        raw = table.get(ekey)
-        if raw is not None:
-            try:
-                dep.experts = decode_experts(raw, tune.breaker)
-            except CorruptStateError as exc:
-                corrupt(ekey, exc)
-        deployments[key] = dep
-        return dep
+                await outputs.flush(timeout_s=30.0)
+                break
+            except OutputError as exc:
+                app.log.warning("tailguard: capacity %s not delivered yet: %s", what, exc)
+                await asyncio.sleep(1.0)
+        writer.delivered()
 
-    def rag_tracker(dep: Deployment, index: str) -> RagThreshold:
-        tracker = dep.rag.get(index)
-        if tracker is not None:
-            return tracker
-        rkey = f"R{_SEP}{dep.service}|{dep.model}{_SEP}{index}".encode()
-        raw = table.get(rkey)
-        tracker = None
-        if raw is not None:
-            try:
-                tracker = decode_rag(raw, tune.rag)
-            except CorruptStateError as exc:
-                corrupt(rkey, exc)
-        if tracker is None:
-            tracker = RagThreshold(tune.rag)
-        dep.rag[index] = tracker
-        return tracker
+    async def store_applied(
+        applied: dict[int, list[tuple[Deployment, Group | None]]], published: int
+    ) -> list[Group]:
+        """Records out before the state that produced them is written (a crash
+        re-sends a record with the same event_id; it never loses one), then the
+        state of each partition, delivered before the input it holds is
+        acknowledged. Returns the groups of the partitions revoked meanwhile,
+        whose state is not written: their next owner may be reading it."""
+        if cstats.published > published:
+            await delivered("records")
+        moved: list[Group] = []
+        for partition, deps in applied.items():
+            if partition not in local:
+                moved += [group for _, group in deps if group is not None]
+                continue
+            writes = Writes()
+            for dep, _ in deps:
+                store.save(dep, writes)
+            writer.write(table, partition, writes.puts, writes.deletes)
+        await delivered("state")
+        return moved
 
-    def save(dep: Deployment, offset: int) -> None:
-        """Write what changed: the new values of the open intervals (a segment),
-        breakers and indexes first, the core (with ``offset``) last, then delete
-        the segments whose intervals have all closed."""
-        key = f"{dep.service}|{dep.model}"
-        segment, done = segment_changes(dep.core)
-        if segment is not None:
-            number, data = segment
-            table[_segment_key(key, number)] = data
-        if dep.experts_dirty:
-            table[f"E{_SEP}{key}".encode()] = encode_experts(dep.experts)
-            dep.experts_dirty = False
-        for index in sorted(dep.rag_dirty):
-            table[f"R{_SEP}{key}{_SEP}{index}".encode()] = encode_rag(dep.rag[index])
-        dep.rag_dirty.clear()
-        if dep.knee_dirty:
-            table[f"K{_SEP}{key}".encode()] = encode_knee(dep.core.knee)
-            dep.knee_dirty = False
-        dep.core.offset = offset
-        table[f"C{_SEP}{key}".encode()] = encode_core(dep.core, history=False)
-        for number in done:
-            # A crash before this leaves the segment behind, listed by no core.
-            table.pop(_segment_key(key, number), None)
-
-    async def forward(groups: list[Group]) -> None:
-        """Forward each deployment's requests of one ingest batch (and their input positions)."""
+    async def send(groups: list[Group]) -> None:
+        """Forward ``groups`` to the owners of their partitions."""
         by_partition: dict[int, list[Group]] = {}
         for group in groups:
             partition = partition_of(f"{group[0]}|{group[1]}", settings.partitions)
             by_partition.setdefault(partition, []).append(group)
-        for partition, groups in by_partition.items():
-            for value in messages(groups, MAX_ROWS, MAX_BYTES):
+        for partition, away in by_partition.items():
+            cstats.forwarded += sum(len(rows) for _, _, rows, _ in away)
+            for value in messages(away, MAX_ROWS, MAX_BYTES):
                 await internal.send(key=f"p{partition}".encode(), value=value, partition=partition)
+
+    async def apply_in_place(groups: list[Group]) -> None:
+        """The requests of deployments whose partition is here: applied at once, no hop.
+
+        Each row is applied once by its input position (the core's marks), as
+        rows that come through the internal topic are; the internal offset in the
+        core is left as it is. A partition revoked before its state was written
+        gets its rows through the topic after all: their input may stay here,
+        acknowledged at the next checkpoint, and its next owner applies them to
+        the state it has (the records they produced may then go out twice, with
+        the same event ids)."""
+        async with busy:
+            published = cstats.published
+            applied: dict[int, list[tuple[Deployment, Group | None]]] = {}
+            for group in groups:
+                service, model, rows, runs = group
+                dep = store.load(service, model)
+                fresh = rows.take(unapplied(dep.core.applied, runs, len(rows)))
+                cstats.replayed_rows += len(rows) - len(fresh)
+                cstats.rows += len(fresh)
+                cstats.in_place += len(fresh)
+                absorb_guarded(dep, fresh, "in place")
+                applied.setdefault(store.partition(f"{service}|{model}"), []).append((dep, group))
+            moved = await store_applied(applied, published)
+        await send(moved)
+
+    async def forward(groups: list[Group]) -> None:
+        """Each deployment's requests of one ingest batch (and their input positions):
+        applied here when its partition is, else forwarded to the partition's owner."""
+        in_place = settings.capacity_in_place and writer.can_write(table)
+        here: list[Group] = []
+        away: list[Group] = []
+        for group in groups:
+            mine = in_place and store.partition(f"{group[0]}|{group[1]}") in local
+            (here if mine else away).append(group)
+        await send(away)
+        if here:
+            await apply_in_place(here)
 
     def gpu_state(dep: Deployment) -> tuple[float | None, float | None, dict[str, Any]]:
         """Mean GPU utilisation and the highest memory fraction of the deployment's GPUs."""
@@ -373,7 +355,7 @@ def register_capacity(
 
     def absorb(dep: Deployment, rows: CapacityRows) -> None:
         before = dep.core.load.late
-        for effect in apply_rows(dep, rows, gpu_state, rag_tracker):
+        for effect in apply_rows(dep, rows, gpu_state, store.rag_tracker):
             match effect:
                 case Warmup(ts, instance, report):
                     verdict = "effective" if report.effective else "ineffective"
@@ -400,6 +382,20 @@ def register_capacity(
                     on_scale(dep, decision, closed.end_ms, gpu_ev)
         cstats.late += dep.core.load.late - before
 
+    def absorb_guarded(dep: Deployment, rows: CapacityRows, where: str) -> None:
+        try:
+            absorb(dep, rows)
+        except Exception as exc:  # a poison message must not stop every deployment
+            cstats.failed_groups += 1
+            app.log.error(
+                "tailguard: capacity rows of %s|%s not applied (%s): %s: %s",
+                dep.service,
+                dep.model,
+                where,
+                type(exc).__name__,
+                exc,
+            )
+
     @app.agent(internal, name="tailguard.capacity")
     async def capacity(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
@@ -410,46 +406,36 @@ def register_capacity(
                 app.log.error("tailguard: undecodable capacity rows on %r: %s", key, exc)
                 continue
             offset = event.message.offset
-            published = cstats.published
-            applied: list[Deployment] = []
-            for service, model, rows, runs in groups:
-                dep = load(f"{service}|{model}", service, model)
-                if offset <= dep.core.offset:  # applied before a crash (per deployment)
-                    cstats.replayed += 1
-                    continue
-                # Rows the ingest forwards again after a crash (its input is
-                # acknowledged at checkpoints): applied once, by input position.
-                fresh = rows.take(unapplied(dep.core.applied, runs, len(rows)))
-                cstats.replayed_rows += len(rows) - len(fresh)
-                cstats.rows += len(fresh)
-                try:
-                    absorb(dep, fresh)
-                except Exception as exc:  # a poison message must not stop every deployment
-                    cstats.failed_groups += 1
-                    app.log.error(
-                        "tailguard: capacity rows of %s|%s not applied (offset %d): %s: %s",
-                        service,
-                        model,
-                        offset,
-                        type(exc).__name__,
-                        exc,
-                    )
-                applied.append(dep)
-            # Records out before the state that produced them is written (a crash
-            # re-sends a record with the same event_id; it never loses one).
-            while cstats.published > published:
-                try:
-                    await outputs.flush(timeout_s=30.0)
-                    break
-                except OutputError as exc:
-                    app.log.warning("tailguard: capacity records not delivered yet: %s", exc)
-                    await asyncio.sleep(1.0)
-            for dep in applied:
-                save(dep, offset)
+            async with busy:
+                published = cstats.published
+                applied: list[tuple[Deployment, Group | None]] = []
+                for service, model, rows, runs in groups:
+                    dep = store.load(service, model)
+                    if offset <= dep.core.offset:  # applied before a crash (per deployment)
+                        cstats.replayed += 1
+                        continue
+                    # Rows the ingest forwards again after a crash (its input is
+                    # acknowledged at checkpoints): applied once, by input position.
+                    fresh = rows.take(unapplied(dep.core.applied, runs, len(rows)))
+                    cstats.replayed_rows += len(rows) - len(fresh)
+                    cstats.rows += len(fresh)
+                    absorb_guarded(dep, fresh, f"offset {offset}")
+                    dep.core.offset = offset
+                    applied.append((dep, None))
+                # Stored and delivered before faust acknowledges the message (when
+                # the stream asks for the next one); a message of a partition revoked
+                # meanwhile is not stored: its next owner reads it again.
+                await store_applied({event.message.partition: applied}, published)
+
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+    async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
+        local.difference_update(tp.partition for tp in revoked if tp.topic == internal_name)
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
         # Deployments are read from the table again: another worker may have moved them on.
         deployments.clear()
+        local.clear()
+        local.update(tp.partition for tp in assigned if tp.topic == internal_name)
 
     return CapacityPlane(forward, cstats, deployments, capacity, table)

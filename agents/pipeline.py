@@ -126,7 +126,9 @@ def build(settings: Settings) -> Pipeline:
     )
     # The experiment.* / release.rollback actions, over the stubs (answered by each owner).
     register_experiment_actions(admin.registry, experiments, settings, app=app, worker=admin.worker)
-    capacity = register_capacity(app, settings, outputs=outputs, gpu_cache=gpu_cache, admin=admin)
+    capacity = register_capacity(
+        app, settings, outputs=outputs, writer=writer, gpu_cache=gpu_cache, admin=admin
+    )
     capacity_hooks.append(capacity.forward)
     kv_table = declare_kv_table(app, settings)
     register_kv(app, topics, settings, stats, kv_table, kv_forwarder(topics, settings))

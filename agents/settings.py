@@ -50,6 +50,10 @@ class Settings:
     #: come for ``ingest_idle_s`` (the input is caught up: waiting on only delays
     #: what the batch closes, such as a minute's final snapshots).
     ingest_batch: int = 500
+    #: The ingest applies the requests of deployments whose capacity partition is
+    #: here itself (False: every request goes through the internal topic, the
+    #: capacity agent's path for deployments of other workers).
+    capacity_in_place: bool = True
     ingest_within_s: float = 0.5
     ingest_idle_s: float = 0.05
     #: Wall-clock period of state checkpoints per partition: changed series are
@@ -150,6 +154,8 @@ class Settings:
             values["ingest_idle_s"] = float(env["TAILGUARD_INGEST_IDLE_S"])
         if env.get("TAILGUARD_FEEDER_IDLE_S"):
             values["feeder_idle_s"] = float(env["TAILGUARD_FEEDER_IDLE_S"])
+        if env.get("TAILGUARD_CAPACITY_IN_PLACE"):
+            values["capacity_in_place"] = env["TAILGUARD_CAPACITY_IN_PLACE"] not in {"0", "false"}
         if env.get("TAILGUARD_WEB_PORT"):
             values["web_port"] = int(env["TAILGUARD_WEB_PORT"])
             values["web_enabled"] = True

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from tailguard.streams.capacity_state import decode_knee
 from tailguard.streams.knee import KneeConfig
@@ -226,22 +227,28 @@ def test_knee_episode_breaker_and_threshold_survive_restarts(
     assert len(ends) == (ends[-1] - ends[0]) // cap.INTERVAL_MS + 1
 
 
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "through-the-topic"])
 def test_a_killed_worker_counts_each_request_once_in_its_load_intervals(
     namespace: Any,
     worker_factory: Callable[..., Any],
     produce: Callable[..., Any],
     monkeypatch: pytest.MonkeyPatch,
+    in_place: bool,
 ) -> None:
     """The ingest acknowledges its input at checkpoints: a worker killed before one
-    forwards the same requests to the capacity agent again once restarted. Every
-    closed load interval (the knee history) must hold each request once.
+    applies (in place) or forwards (to the capacity agent) the same requests again
+    once restarted. Every closed load interval (the knee history) must hold each
+    request once.
 
     Checkpoints are set far apart, so the restart replays the whole first half
-    (every request it forwards again is one the capacity agent applied already).
+    (every request it applies again is one the deployment's state holds already).
+    A single worker owns every partition, so it applies every deployment's
+    requests in place unless told to send them through the internal topic.
     """
     from tailguard.streams.capacity import LoadWindow
 
     monkeypatch.delenv("TAILGUARD_CAPACITY", raising=False)
+    monkeypatch.setenv("TAILGUARD_CAPACITY_IN_PLACE", "1" if in_place else "0")
     monkeypatch.setenv("TAILGUARD_CHECKPOINT_S", "600")
     ramp = cap.capacity_scenarios(T0)["ramp"]
     half = len(ramp) // 2
@@ -292,3 +299,20 @@ def test_a_killed_worker_counts_each_request_once_in_its_load_intervals(
     got = history()
     assert [s[0] for s in got] == [s[0] for s in want]
     assert got == want
+    # The path taken: only the one through the topic writes the internal topic.
+    forwarded = internal_records(namespace)
+    assert forwarded == 0 if in_place else forwarded > 0
+
+
+def internal_records(namespace: Any) -> int:
+    """Records ever written to the namespace's internal capacity topic."""
+    name = namespace.topic("tailguard.internal.capacity")
+    consumer = Consumer({"bootstrap.servers": namespace.broker, "group.id": "tg-test-watermarks"})
+    try:
+        partitions = consumer.list_topics(name, timeout=10).topics[name].partitions
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(name, p), timeout=10)[1]
+            for p in partitions
+        )
+    finally:
+        consumer.close()

@@ -430,6 +430,13 @@ def register_capacity(
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
         local.difference_update(tp.partition for tp in revoked if tp.topic == internal_name)
+        # State queued for a partition that may move: on the changelog before its
+        # next owner reads it (faust flushes only its own producer here).
+        try:
+            await outputs.flush(timeout_s=10.0)
+            writer.delivered()
+        except OutputError as exc:
+            app.log.warning("tailguard: capacity state not delivered at a rebalance: %s", exc)
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:

@@ -201,6 +201,22 @@ def test_quantiles_of_many_sketches_are_each_sketchs_own_to_the_bit() -> None:
     assert quantiles_many(sketches, qs) == [s.quantiles(qs) for s in sketches]
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.sampled_from([1, 2, 5, 60, EXACT_LIMIT, 2_000]), min_size=1, max_size=12),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_sketches_of_one_size_sorted_together_read_as_each_alone(
+    sizes: list[int], seed: int
+) -> None:
+    """Sketches of the same size share one sort (the rows of one array): each row
+    must give that sketch's own quantiles, ties and repeated values included."""
+    rng = np.random.default_rng(seed)
+    sketches = [Sketch.of(np.round(rng.lognormal(4.0, 0.6, n), 1)) for n in sizes]
+    qs = [0.0, *QUANTILES, 1.0]
+    assert quantiles_many(sketches, qs) == [s.quantiles(qs) for s in sketches]
+
+
 def test_quantiles_of_many_refuse_an_empty_sketch() -> None:
     with pytest.raises(ValueError, match="empty sketch"):
         quantiles_many([Sketch.of([1.0]), Sketch()], QUANTILES)

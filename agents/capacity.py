@@ -41,9 +41,11 @@ Either way, each deployment is read from the table once (then kept in memory
 until the next partition assignment, :mod:`~tailguard.agents.capacity_store`),
 its requests are applied (:func:`~tailguard.agents.capacity_apply.apply_rows`),
 the records they produced are delivered, then the state that changed is
-written and delivered — experts, indexes and the knee (only when an interval
-closed) first, the core (with the offset of the last internal message
-applied) last. An internal message at or below a deployment's stored offset
+written — experts, indexes and the knee (only when an interval closed) first,
+the core (with the offset of the last internal message applied) last — and
+delivered before the input that holds the requests is acknowledged (the agent
+delivers it at once; the ingest with its checkpoint, or before it acknowledges
+input it forwarded). An internal message at or below a deployment's stored offset
 was applied to it already and is skipped for it; why each crash point loses
 and invents nothing is in docs/capacity.md.
 
@@ -209,13 +211,18 @@ def register_capacity(
         writer.delivered()
 
     async def store_applied(
-        applied: dict[int, list[tuple[Deployment, Group | None]]], published: int
+        applied: dict[int, list[tuple[Deployment, Group | None]]],
+        published: int,
+        *,
+        deliver: bool,
     ) -> list[Group]:
         """Records out before the state that produced them is written (a crash
         re-sends a record with the same event_id; it never loses one), then the
         state of each partition, delivered before the input it holds is
-        acknowledged. Returns the groups of the partitions revoked meanwhile,
-        whose state is not written: their next owner may be reading it."""
+        acknowledged: here when ``deliver``, else by the ingest (its checkpoint's
+        flush, or the one before it acknowledges input it did not fold). Returns
+        the groups of the partitions revoked meanwhile, whose state is not
+        written: their next owner may be reading it."""
         if cstats.published > published:
             await delivered("records")
         moved: list[Group] = []
@@ -227,7 +234,8 @@ def register_capacity(
             for dep, _ in deps:
                 store.save(dep, writes)
             writer.write(table, partition, writes.puts, writes.deletes)
-        await delivered("state")
+        if deliver:
+            await delivered("state")
         return moved
 
     async def send(groups: list[Group]) -> None:
@@ -263,7 +271,7 @@ def register_capacity(
                 cstats.in_place += len(fresh)
                 absorb_guarded(dep, fresh, "in place")
                 applied.setdefault(store.partition(f"{service}|{model}"), []).append((dep, group))
-            moved = await store_applied(applied, published)
+            moved = await store_applied(applied, published, deliver=False)
         await send(moved)
 
     async def forward(groups: list[Group]) -> None:
@@ -425,7 +433,7 @@ def register_capacity(
                 # Stored and delivered before faust acknowledges the message (when
                 # the stream asks for the next one); a message of a partition revoked
                 # meanwhile is not stored: its next owner reads it again.
-                await store_applied({event.message.partition: applied}, published)
+                await store_applied({event.message.partition: applied}, published, deliver=True)
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:

@@ -408,7 +408,7 @@ class SeriesFolder:
                 # changelog, whose topics the producer delivers independently).
                 stats.state_writes += self.engine.checkpoint(partition)
         done = await self.store.checkpoint_many(
-            partitions, self._flush, lambda p: p in self.owned, self._on_partition
+            partitions, self.flush, lambda p: p in self.owned, self._on_partition
         )
         for partition in sorted(done.moved):
             app.log.info(
@@ -420,7 +420,7 @@ class SeriesFolder:
         stored = [p for p in partitions if done.stored(p)]
         stats.state_writes += sum(done.written.values())
         try:
-            await self._flush()  # the last records (metas) before the acks
+            await self.flush()  # the last records (metas) before the acks
         except OutputError as exc:
             self._defer(stored, exc)
             return
@@ -442,7 +442,7 @@ class SeriesFolder:
             )
             self.cadence.deferred(partition, now)
 
-    async def _flush(self) -> None:
+    async def flush(self) -> None:
         """Everything written so far is on the broker: faust's producer (breach
         states, forwarded input) and the outputs (snapshots, bulk table records)."""
         await self.app.producer.flush()

@@ -62,6 +62,7 @@ from tailguard.agents.internal import (
     series_key,
     take_requests,
 )
+from tailguard.agents.outputs import OutputError
 from tailguard.agents.requests import RequestBatch
 from tailguard.agents.settings import Settings
 from tailguard.agents.stats import WorkerStats
@@ -157,10 +158,18 @@ def register_ingest(
         with gc_paused():
             await take(stream, events, placed)
         # Input of which nothing is folded here: acknowledged once forwarded (faust
-        # flushes its producer before it commits).
-        for event in events:
-            if event.message.partition not in placed:
-                await stream.ack(event)
+        # flushes its producer before it commits) and once what the batch wrote
+        # beside it (the capacity state applied in place) is delivered too.
+        unplaced = [event for event in events if event.message.partition not in placed]
+        while unplaced:
+            try:
+                await folder.flush()
+                break
+            except OutputError as exc:  # the broker is away: acknowledge nothing yet
+                app.log.warning("tailguard: outputs not delivered yet: %s", exc)
+                await asyncio.sleep(1.0)
+        for event in unplaced:
+            await stream.ack(event)
 
     async def take(stream: Any, events: list[Any], placed: set[int]) -> None:
         """Decode ``events``, forward what is not at home here, fold the rest.

@@ -89,6 +89,7 @@ from tailguard.agents.capacity_tuning import CapacityTuning
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
+from tailguard.agents.stats import WorkerStats
 from tailguard.agents.topics import internal_topic, precreate_topics
 from tailguard.streams.capacity import HOLD, Decision
 from tailguard.streams.errors import CorruptStateError
@@ -123,10 +124,6 @@ class CapacityStats:
     replayed: int = 0
     #: Rows whose input position a deployment had applied (forwarded again after a crash).
     replayed_rows: int = 0
-    #: Rows the ingest applied itself (their deployment's partition is here) ...
-    in_place: int = 0
-    #: ... and rows it forwarded through the internal topic to the partition's owner.
-    forwarded: int = 0
     corrupt_states: int = 0
     #: A deployment's rows of one message that raised while applied (a bug: logged,
     #: skipped, so that one message cannot stop the agent for every deployment).
@@ -165,8 +162,10 @@ def register_capacity(
     gpu_cache: Any = None,
     admin: Any = None,
     tuning: CapacityTuning | None = None,
+    stats: WorkerStats | None = None,
 ) -> CapacityPlane:
-    """Declare the internal topic and attach the capacity agent."""
+    """Declare the internal topic and attach the capacity agent (``stats``: the
+    worker's counters, which count the requests applied in place and forwarded)."""
     import os
 
     tune = tuning or CapacityTuning.from_json(os.environ.get("TAILGUARD_CAPACITY", ""))
@@ -185,6 +184,7 @@ def register_capacity(
     )
     out_topic = settings.topic_prefix + cat.CAPACITY
     cstats = CapacityStats()
+    stats = stats if stats is not None else WorkerStats()
 
     def corrupt(key: bytes, exc: CorruptStateError) -> None:
         cstats.corrupt_states += 1
@@ -245,7 +245,7 @@ def register_capacity(
             partition = partition_of(f"{group[0]}|{group[1]}", settings.partitions)
             by_partition.setdefault(partition, []).append(group)
         for partition, away in by_partition.items():
-            cstats.forwarded += sum(len(rows) for _, _, rows, _ in away)
+            stats.capacity_forwarded += sum(len(rows) for _, _, rows, _ in away)
             for value in messages(away, MAX_ROWS, MAX_BYTES):
                 await internal.send(key=f"p{partition}".encode(), value=value, partition=partition)
 
@@ -268,7 +268,7 @@ def register_capacity(
                 fresh = rows.take(unapplied(dep.core.applied, runs, len(rows)))
                 cstats.replayed_rows += len(rows) - len(fresh)
                 cstats.rows += len(fresh)
-                cstats.in_place += len(fresh)
+                stats.capacity_in_place += len(fresh)
                 absorb_guarded(dep, fresh, "in place")
                 applied.setdefault(store.partition(f"{service}|{model}"), []).append((dep, group))
             moved = await store_applied(applied, published, deliver=False)

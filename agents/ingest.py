@@ -180,21 +180,27 @@ def register_ingest(
         now = int(time.time() * 1000)
         batch = RequestBatch()
         taken: set[tuple[int, int]] = set()
+        started = time.perf_counter()
         await decode_all(events, now, batch, taken)
+        decoded = time.perf_counter()
+        stats.decode_seconds += decoded - started
         stats.events_valid += len(batch)
         stats.batches += 1
         # Forwarding and the fan-out need no state: they run before the folder's
         # lock is taken, so the SLI agent folds meanwhile.
         here = await dispatch(batch, placed) if len(batch) else {}
+        stats.dispatch_seconds += time.perf_counter() - decoded
         async with folder.busy:
             for event in events:
                 partition = event.message.partition
                 if partition in placed and partition in in_place:
                     folder.hold(partition, stream, event)
             folded = [partition for partition in here if partition in in_place]
+            started = time.perf_counter()
             for partition in folded:  # others moved meanwhile: their new owner replays them
                 groups = here[partition]
                 await folder.fold(partition, groups.series, groups.cols, groups.bounds, groups.gpus)
+            stats.fold_seconds += time.perf_counter() - started
             await folder.checkpoint_due(folded)
 
     async def decode_all(

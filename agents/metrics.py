@@ -109,6 +109,27 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "tailguard_ingest_batches",
         "Ingest batches taken (valid events / batches: a fold's size).",
     ),
+    "decode_seconds": (
+        "tailguard_ingest_decode_seconds",
+        "Wall time the ingest agent spent decoding and validating input messages.",
+    ),
+    "dispatch_seconds": (
+        "tailguard_ingest_dispatch_seconds",
+        "Wall time the ingest agent spent forwarding and feeding the A/B, prompt and "
+        "capacity paths.",
+    ),
+    "fold_seconds": (
+        "tailguard_ingest_fold_seconds",
+        "Wall time the ingest agent spent folding (minute closes included, checkpoints not).",
+    ),
+    "capacity_in_place": (
+        "tailguard_capacity_requests_in_place",
+        "Requests applied to their deployment's capacity state by the ingest itself.",
+    ),
+    "capacity_forwarded": (
+        "tailguard_capacity_requests_forwarded",
+        "Requests forwarded through tailguard.internal.capacity to their deployment's owner.",
+    ),
     "internal_errors": ("tailguard_internal_errors", "Undecodable internal records skipped."),
     "redelivered": ("tailguard_input_redelivered", "Input messages delivered again."),
 }

@@ -127,7 +127,13 @@ def build(settings: Settings) -> Pipeline:
     # The experiment.* / release.rollback actions, over the stubs (answered by each owner).
     register_experiment_actions(admin.registry, experiments, settings, app=app, worker=admin.worker)
     capacity = register_capacity(
-        app, settings, outputs=outputs, writer=writer, gpu_cache=gpu_cache, admin=admin
+        app,
+        settings,
+        outputs=outputs,
+        writer=writer,
+        gpu_cache=gpu_cache,
+        admin=admin,
+        stats=stats,
     )
     capacity_hooks.append(capacity.forward)
     kv_table = declare_kv_table(app, settings)

@@ -38,6 +38,16 @@ class WorkerStats:
     close_seconds: float = 0.0
     #: Time the cyclic garbage collector ran, every thread (see :func:`time_gc`).
     gc_seconds: float = 0.0
+    #: Wall time the ingest agent spent on its batches, by stage: decoding and
+    #: validating the messages; forwarding and feeding the side consumers
+    #: (A/B, prompts, capacity); folding (closes included, checkpoints not).
+    decode_seconds: float = 0.0
+    dispatch_seconds: float = 0.0
+    fold_seconds: float = 0.0
+    #: Requests whose deployment's capacity state the ingest applied itself (its
+    #: partition is here), and requests it forwarded to the partition's owner.
+    capacity_in_place: int = 0
+    capacity_forwarded: int = 0
     internal_errors: int = 0
     redelivered: int = 0
     deadletters: Counter[str] = field(default_factory=Counter)
@@ -53,7 +63,10 @@ class WorkerStats:
             f"checkpoint_s={self.checkpoint_seconds:.1f} close_s={self.close_seconds:.2f} "
             f"gc_s={self.gc_seconds:.2f} "
             f"state_writes={self.state_writes} redelivered={self.redelivered} "
-            f"local={self.events_local} forwarded={self.events_forwarded}"
+            f"local={self.events_local} forwarded={self.events_forwarded} "
+            f"decode_s={self.decode_seconds:.2f} dispatch_s={self.dispatch_seconds:.2f} "
+            f"fold_s={self.fold_seconds:.2f} "
+            f"cap_in_place={self.capacity_in_place} cap_forwarded={self.capacity_forwarded}"
         )
 
 

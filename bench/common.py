@@ -55,6 +55,31 @@ def worker_checkpoints(log_path: Path) -> tuple[int, float]:
     return (int(found[-1][0]), float(found[-1][1])) if found else (0, 0.0)
 
 
+_STAGES = re.compile(
+    rb"checkpoint_s=([\d.]+) close_s=([\d.]+) gc_s=([\d.]+) .*?"
+    rb"decode_s=([\d.]+) dispatch_s=([\d.]+) fold_s=([\d.]+)"
+)
+
+
+def worker_stages(log_path: Path) -> dict[str, float]:
+    """Seconds the worker's ingest spent per stage, from its last counters line:
+    decoding, dispatching (forwarding, A/B, prompts, capacity), folding (closes
+    included), and of those or beside them closing minutes, checkpointing and
+    collecting garbage."""
+    found = _STAGES.findall(log_path.read_bytes()[-65536:])
+    if not found:
+        return {}
+    checkpoint, close, gc, decode, dispatch, fold = (float(v) for v in found[-1])
+    return {
+        "decode": decode,
+        "dispatch": dispatch,
+        "fold": fold,
+        "close_within_fold": close,
+        "checkpoint": checkpoint,
+        "gc": gc,
+    }
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds of ``pids`` (every thread), 0 for one that is gone."""
     total = 0

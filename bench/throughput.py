@@ -52,6 +52,10 @@ batch's fold: 0.1–0.2 s, against several seconds otherwise.)
 ``close_s_in_worker`` is the worker's own count (``close_s`` of its counters
 line, ``tailguard_close_seconds`` on /metrics): the time it spent closing
 minutes — final snapshots, SLO and silent evaluations — over the whole run.
+``worker_stages_s`` splits the ingest's time the same way (its counters line,
+``tailguard_ingest_*_seconds`` on /metrics): decoding, dispatching (forwarding
+and the A/B, prompt and capacity paths), folding (closes included), and
+checkpoints and garbage collection beside them.
 
 Writes ``bench/results/throughput.json``. Absolute numbers drift on shared
 machines; the ratio to the ceiling is the figure to compare across runs.
@@ -84,6 +88,7 @@ from bench.common import (
     worker_close_s,
     worker_counters,
     worker_paths,
+    worker_stages,
     write_result,
 )
 from bench.memory import RssSampler, proc_memory, replay
@@ -275,6 +280,7 @@ def run_worker(prefix: str, app_id: str, total: int, closing: Placed) -> dict[st
                 break
         close_s = worker_close_s(log_path)
         checkpoints = worker_checkpoints(log_path)
+        stages = worker_stages(log_path)
         sampler.stop()
     finally:
         # py-spy writes its profile on SIGINT; the worker stops cleanly on either.
@@ -294,6 +300,7 @@ def run_worker(prefix: str, app_id: str, total: int, closing: Placed) -> dict[st
         "close_minute_s": done_at - (closing_at or done_at),
         "close_s": close_s,
         "checkpoints": checkpoints,
+        "stages_s": stages,
         # CPU seconds from ready to done: the worker process (every thread, librdkafka's
         # included) and the broker, which share this machine's cores.
         "worker_cpu_s": round(cpu_at_done[0] - cpu_at_ready[0], 2),
@@ -375,6 +382,7 @@ def summary(w: dict[str, Any], ceil_eps: float, n_series: int, by_series: bool) 
         "close_s_in_worker": round(w["close_s"], 2),
         "checkpoints": w["checkpoints"][0],
         "checkpoint_s_in_worker": w["checkpoints"][1],
+        "worker_stages_s": w["stages_s"],
         "series_seen": w["series_seen"],
         "late_events": w["late"],
         "peak_rss_mib": w["peak_rss_mib"],
@@ -452,6 +460,7 @@ def main() -> None:
         "close_s_in_worker": round(w["close_s"], 2),
         "checkpoints": w["checkpoints"][0],
         "checkpoint_s_in_worker": w["checkpoints"][1],
+        "worker_stages_s": w["stages_s"],
         **cpu_figures(w),
         "series_seen": w["series_seen"],
         "late_events": w["late"],

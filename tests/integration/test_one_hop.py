@@ -124,10 +124,20 @@ def run_worker(
         local = counter(text, "tailguard_events_local_total")
         forwarded = counter(text, "tailguard_events_forwarded_total")
         columnar = counter(text, "tailguard_input_messages_columnar_total")
-        if local + forwarded >= total or time.monotonic() > deadline:
+        capacity = counter(text, "tailguard_capacity_requests_in_place_total") + counter(
+            text, "tailguard_capacity_requests_forwarded_total"
+        )
+        if (local + forwarded >= total and capacity >= total) or time.monotonic() > deadline:
             break
-        time.sleep(0.5)
+        time.sleep(0.5)  # /metrics of another process: polled until its counters arrive
     worker.stop()
+    # The ingest's time by stage is on /metrics too: every stage ran.
+    for stage in ("decode", "dispatch", "fold"):
+        assert counter(text, f"tailguard_ingest_{stage}_seconds_total") > 0, stage
+    # One worker owns every capacity partition: each request is applied where it
+    # is read, none takes the internal capacity topic.
+    assert counter(text, "tailguard_capacity_requests_in_place_total") == total
+    assert counter(text, "tailguard_capacity_requests_forwarded_total") == 0
     return latest(sli.records), (local, forwarded, columnar), positions
 
 

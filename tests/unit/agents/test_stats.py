@@ -11,6 +11,23 @@ def test_the_counters_line_reports_close_checkpoint_and_collector_seconds() -> N
     assert "close_s=1.25" in line and "checkpoint_s=2.0" in line and "gc_s=0.50" in line
 
 
+def test_the_counters_line_reports_the_ingest_stages_and_the_capacity_paths() -> None:
+    stats = WorkerStats(
+        decode_seconds=0.5,
+        dispatch_seconds=0.25,
+        fold_seconds=1.5,
+        capacity_in_place=7,
+        capacity_forwarded=3,
+        events_local=11,
+        events_forwarded=2,
+    )
+    line = stats.line()
+    assert "decode_s=0.50 dispatch_s=0.25 fold_s=1.50" in line
+    assert "cap_in_place=7 cap_forwarded=3" in line
+    # The series paths keep their own counts (benchmarks read "local=… forwarded=…").
+    assert "local=11 forwarded=2 " in line
+
+
 def test_every_collection_adds_its_time_to_the_stats() -> None:
     stats = WorkerStats()
     before = list(gc.callbacks)

@@ -11,7 +11,7 @@ whatever the number of requests.
 """
 
 from collections.abc import Sequence
-from itertools import chain
+from itertools import chain, pairwise
 
 import msgspec
 import numpy as np
@@ -198,14 +198,41 @@ def columns_by_partition(
     rows: np.ndarray,
 ) -> dict[int, SeriesGroups]:
     """The requests at ``rows`` of ``cols``, per input partition, grouped by series
-    (:func:`group_columns`; ``gid``, ``series``, ``served`` as there, for all of ``cols``)."""
+    (:func:`group_columns`; ``gid``, ``series``, ``served`` as there, for all of ``cols``).
+
+    One stable sort by (partition, series index) and one take for every
+    partition: each partition's groups are a slice of the taken columns (a
+    view), its series in the order of their index, each one's requests in input
+    order."""
+    if rows.size == 0:
+        return {}
     part = cols.part[rows]
+    order = np.lexsort((gid[rows], part))
+    picked = rows[order]
+    taken = cols.take(picked)
+    g, p = gid[picked], part[order]
+    edges = np.flatnonzero(np.r_[True, p[1:] != p[:-1], True]).tolist()
+    placed = list(served.items())
+    owner = np.fromiter((i for (i, _, _), _ in placed), dtype=np.int64, count=len(placed))
     out = {}
-    for partition in np.unique(part).tolist():
-        mine = rows[part == partition]
-        # In series order already: the columns are taken once, not twice.
-        mine = mine[np.argsort(gid[mine], kind="stable")]
-        out[partition] = group_columns(*take_requests(cols, gid, series, served, mine))
+    for lo, hi in pairwise(edges):
+        mine = g[lo:hi]
+        firsts = np.flatnonzero(np.r_[True, mine[1:] != mine[:-1]])
+        ids = mine[firsts]
+        local = np.full(len(series), -1, dtype=np.int64)
+        local[ids] = np.arange(ids.size)
+        # The GPUs that served the partition's series (a series fed from two
+        # partitions is in both).
+        gpus = []
+        for k in np.flatnonzero(local[owner] >= 0).tolist():
+            (i, host, gpu), ts = placed[k]
+            gpus.append((int(local[i]), host, gpu, ts))
+        out[int(p[lo])] = SeriesGroups(
+            series=[series[i] for i in ids.tolist()],
+            bounds=np.r_[firsts, hi - lo].astype(np.int64),
+            cols=taken.slice(lo, hi),
+            gpus=gpus,
+        )
     return out
 
 

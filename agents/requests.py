@@ -129,6 +129,17 @@ class RequestBatch:
         part, offset = self.columns().part, self.columns().offset
         return [(int(part[i]), int(offset[i])) for i in rows]
 
+    def _absent(self, *names: str) -> bool:
+        """Whether no request of the batch can have any of the fields ``names``:
+        every message is columnar and leaves those columns out (as most do)."""
+        for m in self._messages:
+            if m.columns is None:
+                return False
+            requests = m.columns.message.requests
+            if any(getattr(requests, name) is not None for name in names):
+                return False
+        return True
+
     def _flat(self, name: str, from_row: Any, default: Any = None) -> list[Any]:
         """One field of every request, in order (``default`` where a request has none)."""
         out: list[Any] = []
@@ -168,9 +179,12 @@ class RequestBatch:
             part=part,
             offset=offset,
         )
-        cols.prompt_names, cols.prompt = prompt_column(
-            self._flat("prompt_version", lambda ev: ev.prompt_version)
-        )
+        if self._absent("prompt_version"):
+            cols.prompt_names, cols.prompt = [], np.full(n, -1, dtype=np.int32)
+        else:
+            cols.prompt_names, cols.prompt = prompt_column(
+                self._flat("prompt_version", lambda ev: ev.prompt_version)
+            )
         rare = self._rare_rows()
         if rare:
             sub = Columns.from_events(self.events(rare))
@@ -280,6 +294,8 @@ class RequestBatch:
 
     def named_rows(self) -> list[int]:
         """Requests (not warm-up) that name an experiment or a prompt version."""
+        if self._absent("experiment", "experiments", "prompt_version"):
+            return []
         warm = self.columns().warmup
         experiment = self._flat("experiment", lambda ev: ev.experiment)
         tags = self._flat("experiments", lambda ev: ev.experiments)
@@ -318,9 +334,10 @@ class RequestBatch:
             None,
             self._ordered("rag_index", lambda ev: ev.rag_index, order),
         )
-        similarity = self._flat("rag_top1_similarity", lambda ev: ev.rag_top1_similarity)
-        if any(v is not None for v in similarity):
-            rows.similarity = np.array(similarity, dtype=np.float64)[order]
+        if not self._absent("rag_top1_similarity"):
+            similarity = self._flat("rag_top1_similarity", lambda ev: ev.rag_top1_similarity)
+            if any(v is not None for v in similarity):
+                rows.similarity = np.array(similarity, dtype=np.float64)[order]
         runs = _runs(cols.part[order], cols.offset[order], bounds)
         return [
             (service, model, rows[bounds[d] : bounds[d + 1]], runs[d])
@@ -329,6 +346,8 @@ class RequestBatch:
 
     def _ordered(self, name: str, from_row: Any, order: np.ndarray) -> list[Any] | None:
         """A field of every request, in ``order`` (None when no request has it)."""
+        if self._absent(name):
+            return None
         values = self._flat(name, from_row)
         if not any(values):
             return None

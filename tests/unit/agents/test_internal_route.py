@@ -4,8 +4,19 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tailguard.agents.internal import decode_groups, partition_for, route, series_key
+from tailguard.agents.internal import (
+    columns_by_partition,
+    decode_groups,
+    group_columns,
+    partition_for,
+    route,
+    series_index,
+    series_key,
+    served_by,
+    take_requests,
+)
 from tailguard.schemas import InferenceEvent
+from tailguard.streams.columns import Columns
 
 
 def event(
@@ -132,3 +143,48 @@ def test_the_newest_event_per_series_host_and_gpu_is_found(
             expected[(g, host, gpu)] = max(expected.get((g, host, gpu), 0), 1_000 + ts)
     gid = np.array([g for g, *_ in rows], dtype=np.int64)
     assert _served(events, gid) == expected  # type: ignore[arg-type]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    picks=st.lists(
+        st.tuples(
+            st.integers(0, 6),  # series
+            st.integers(0, 3),  # input partition
+            st.integers(0, 4),  # ITL gaps
+            st.sampled_from([None, "h0", "h1"]),  # host
+        ),
+        min_size=1,
+        max_size=120,
+    ),
+    every_other=st.booleans(),
+)
+def test_requests_grouped_per_partition_read_as_each_partition_taken_alone(
+    picks: list[tuple[int, int, int, str | None]], every_other: bool
+) -> None:
+    # One sort and one take for all partitions (a slice each) must give what
+    # taking each partition's requests on its own gives: the same series in the
+    # same order, each one's requests in input order, and the GPUs that served it
+    # (a series fed from two partitions has them in both).
+    events = [
+        event(i, f"svc{s}", f"m{s % 2}", gaps, host) for i, (s, _, gaps, host) in enumerate(picks)
+    ]
+    positions = [(part, 100 + i) for i, (_, part, _, _) in enumerate(picks)]
+    gid, series = series_index(events)
+    cols = Columns.from_events(events, positions)
+    served = served_by(gid, [e.host for e in events], [e.gpu_ids for e in events], cols.ts)
+    rows = np.arange(len(events))[::2] if every_other else np.arange(len(events))
+    got = columns_by_partition(cols, gid, series, served, rows)
+
+    part = cols.part[rows]
+    assert sorted(got) == sorted(set(part.tolist()))
+    for partition, groups in got.items():
+        mine = rows[part == partition]
+        mine = mine[np.argsort(gid[mine], kind="stable")]
+        alone = group_columns(*take_requests(cols, gid, series, served, mine))
+        assert groups.series == alone.series
+        assert groups.bounds.tolist() == alone.bounds.tolist()
+        for name in ("ts", "e2e", "ttft", "itl", "itl_len", "ids", "part", "offset"):
+            assert getattr(groups.cols, name).tolist() == getattr(alone.cols, name).tolist(), name
+        assert list(groups.cols.traces) == list(alone.cols.traces)
+        assert sorted(groups.gpus) == sorted(alone.gpus)

@@ -33,7 +33,7 @@ from tailguard.agents.capacity_columns import CapacityRows
 from tailguard.agents.capacity_columns import Group as CapacityGroup
 from tailguard.agents.internal import served_by
 from tailguard.schemas import InferenceEvent
-from tailguard.schemas.columnar import ColumnsDecoded, Numbers, events_of, numbers
+from tailguard.schemas.columnar import ColumnsDecoded, Numbers, events_of, without_numbers
 from tailguard.streams.columns import STATUS_CODES, Columns, event_hashes, prompt_column
 from tailguard.streams.input_marks import Run
 
@@ -102,11 +102,10 @@ class RequestBatch:
         for s in dict.fromkeys(sid):
             lut[s] = index.setdefault(names[s], len(index))
         self._gid.extend(map(lut.__getitem__, sid))
-        # The screen's arrays; a message decoded otherwise (taken apart) makes its own.
-        num = decoded.numbers
-        if num is None:
-            num = numbers(message.requests, len(message.requests.event_id))
-        self._messages.append(_Message(partition, offset, None, decoded, kept, num))
+        # The screen's arrays (a message decoded otherwise, taken apart, makes its
+        # own); the lists of those columns are let go: a batch keeps arrays only.
+        lean = without_numbers(decoded)
+        self._messages.append(_Message(partition, offset, None, lean, kept, lean.numbers))
         self._built = None
 
     # -- what every request has ----------------------------------------------

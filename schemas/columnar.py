@@ -75,6 +75,7 @@ __all__ = [
     "is_columnar",
     "numbers",
     "rows_of",
+    "without_numbers",
 ]
 
 COLUMNS_SCHEMA_ID: Final = "tailguard.inference.columns.v1"
@@ -226,17 +227,56 @@ def events_of(decoded: ColumnsDecoded, rows: list[int] | None = None) -> list[In
     n = len(req.event_id)
     if rows is None:
         rows = list(range(n)) if decoded.keep is None else np.flatnonzero(decoded.keep).tolist()
-    starts = np.r_[0, np.cumsum(req.itl_len)].tolist() if req.itl_len is not None else None
-    present = [(name, column) for name in OPTIONAL if (column := getattr(req, name)) is not None]
+    num = decoded.numbers
+    if num is None:
+        num = numbers(req, n)
+    # The numeric columns are read from the arrays (a batch may have let the
+    # lists go, see :func:`without_numbers`), the others from the lists.
+    starts = np.r_[0, np.cumsum(num.itl_len)].tolist()
+    ts, e2e = num.ts_ms.tolist(), num.e2e_ms.tolist()
+    ttft, tokens, gaps = num.ttft_ms, num.output_tokens, num.itl_ms
+    present = [
+        (name, column)
+        for name in OPTIONAL
+        if name not in _NUMBERS and (column := getattr(req, name)) is not None
+    ]
     out = []
     for i in rows:
         fields = dict(zip(SERIES_FIELDS, message.series[req.series[i]], strict=True))
-        fields.update((name, getattr(req, name)[i]) for name in REQUIRED)
+        fields.update(event_id=req.event_id[i], ts_ms=ts[i], status=req.status[i], e2e_ms=e2e[i])
         fields.update((name, column[i]) for name, column in present if column[i] is not None)
-        if starts is not None and req.itl_ms is not None:
-            fields["itl_ms"] = req.itl_ms[starts[i] : starts[i + 1]]
+        if not np.isnan(ttft[i]):
+            fields["ttft_ms"] = float(ttft[i])
+        if not np.isnan(tokens[i]):
+            fields["output_tokens"] = int(tokens[i])
+        if starts[i + 1] > starts[i]:
+            fields["itl_ms"] = gaps[starts[i] : starts[i + 1]].tolist()
         out.append(InferenceEvent(**fields))
     return out
+
+
+#: Columns :class:`Numbers` holds as arrays.
+_NUMBERS: Final = ("ts_ms", "e2e_ms", "ttft_ms", "output_tokens", "itl_len", "itl_ms")
+
+
+def without_numbers(decoded: ColumnsDecoded) -> ColumnsDecoded:
+    """``decoded`` without the lists of its numeric columns, which its
+    :attr:`~ColumnsDecoded.numbers` hold as arrays (worked out if need be).
+
+    A list holds a Python object per value (the ITL gaps of a request are nine
+    or more): a batch that keeps thousands of messages keeps the arrays alone.
+    What reads the message still reads every column (:func:`events_of`)."""
+    message = decoded.message
+    if message is None:
+        return decoded
+    req = message.requests
+    num = decoded.numbers or numbers(req, len(req.event_id))
+    lean = msgspec.structs.replace(
+        req, ts_ms=[], e2e_ms=[], ttft_ms=None, output_tokens=None, itl_len=None, itl_ms=None
+    )
+    return ColumnsDecoded(
+        msgspec.structs.replace(message, requests=lean), decoded.keep, decoded.rejects, num
+    )
 
 
 def rows_of(raw: bytes) -> list[dict[str, Any]]:

@@ -41,6 +41,7 @@ __all__ = ["RequestBatch"]
 
 Series = tuple[str, str, str, str]
 _OTHER_STATUS = 4
+_NO_GIDS = np.empty(0, dtype=np.int64)
 #: Fields whose requests are read from records to build the cause flags and stages.
 _RARE = ("cache", "batch", "flow_control", "stages_ms")
 
@@ -75,42 +76,50 @@ class RequestBatch:
     def __init__(self) -> None:
         self._messages: list[_Message] = []
         self._index: dict[Series, int] = {}
-        self._gid: list[int] = []
+        #: Each message's requests as indexes into :attr:`series`, one array a message.
+        self._gids: list[np.ndarray] = []
+        self._n = 0
         self._built: Columns | None = None
         self._gid_array: np.ndarray | None = None
 
     # -- building ------------------------------------------------------------
     def add_rows(self, partition: int, offset: int, events: list[InferenceEvent]) -> None:
         index = self._index
-        self._gid.extend(
+        gid = [
             index.setdefault((ev.service, ev.model, ev.variant, ev.tenant), len(index))
             for ev in events
-        )
+        ]
+        self._append(np.array(gid, dtype=np.int64))
         self._messages.append(_Message(partition, offset, events, None, None))
-        self._built = None
 
     def add_columns(self, partition: int, offset: int, decoded: ColumnsDecoded) -> None:
         message = decoded.message
         kept = None if decoded.keep is None else np.flatnonzero(decoded.keep).tolist()
-        sid = message.requests.series
+        sid = np.array(message.requests.series, dtype=np.int64)
         if kept is not None:
-            sid = [sid[i] for i in kept]
+            sid = sid[kept]
         # The batch's series in order of first use (a series no kept request names
-        # is left out), each looked up once per message.
+        # is left out), each looked up once per message; then every request's
+        # index through one table lookup.
         index, names = self._index, message.series  # tuples, as decoded
-        lut: dict[int, int] = {}
-        for s in dict.fromkeys(sid):
+        used, first = np.unique(sid, return_index=True)
+        lut = np.zeros(len(names), dtype=np.int64)
+        for s in used[np.argsort(first, kind="stable")].tolist():
             lut[s] = index.setdefault(names[s], len(index))
-        self._gid.extend(map(lut.__getitem__, sid))
+        self._append(lut[sid])
         # The screen's arrays (a message decoded otherwise, taken apart, makes its
         # own); the lists of those columns are let go: a batch keeps arrays only.
         lean = without_numbers(decoded)
         self._messages.append(_Message(partition, offset, None, lean, kept, lean.numbers))
+
+    def _append(self, gid: np.ndarray) -> None:
+        self._gids.append(gid)
+        self._n += gid.size
         self._built = None
 
     # -- what every request has ----------------------------------------------
     def __len__(self) -> int:
-        return len(self._gid)
+        return self._n
 
     @property
     def series(self) -> list[Series]:
@@ -120,8 +129,8 @@ class RequestBatch:
     @property
     def gid(self) -> np.ndarray:
         """Each request's index into :attr:`series` (read once every message is added)."""
-        if self._gid_array is None or self._gid_array.size != len(self._gid):
-            self._gid_array = np.array(self._gid, dtype=np.int64)
+        if self._gid_array is None or self._gid_array.size != self._n:
+            self._gid_array = np.concatenate(self._gids) if self._gids else _NO_GIDS
         return self._gid_array
 
     def positions(self, rows: list[int]) -> list[tuple[int, int]]:

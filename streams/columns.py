@@ -294,6 +294,7 @@ class Columns:
             stages=self.stages[lo:hi],
             prompt_names=self.prompt_names,
             prompt=self.prompt[lo:hi],
+            _has_trace=None if self._has_trace is None else self._has_trace[lo:hi],
         )
 
     def take(self, index: np.ndarray) -> "Columns":
@@ -321,7 +322,7 @@ class Columns:
             itl=itl,
             itl_len=self.itl_len[index],
             ids=self.ids[index],
-            traces=[traces[i] for i in index.tolist()],
+            traces=list(map(traces.__getitem__, index.tolist())),
             part=self.part[index],
             offset=self.offset[index],
             factors=self.factors[index],
@@ -329,6 +330,8 @@ class Columns:
             stages=self.stages[index],
             prompt_names=self.prompt_names,
             prompt=self.prompt[index],
+            # Worked out once for the columns taken from, not again for each take.
+            _has_trace=self.has_trace[index],
         )
 
     # ------------------------------------------------------------------ wire

@@ -217,9 +217,5 @@ def _load(dep: Deployment, rows: CapacityRows, gpu_state: GpuState) -> list[tupl
 
 def _gather_gpus(gpus: set[tuple[str, int]], rows: CapacityRows, lo: int, hi: int) -> None:
     """The ``(host, GPU)`` pairs that served requests ``[lo, hi)``."""
-    if rows.host is None or rows.gpu_ids is None or lo >= hi:
-        return
-    served = {
-        (h, tuple(g)) for h, g in zip(rows.host[lo:hi], rows.gpu_ids[lo:hi], strict=True) if h and g
-    }
-    gpus.update((h, gpu) for h, ids in served for gpu in ids)
+    if lo < hi and len(rows.gpus):
+        gpus.update(rows.gpus.gpus(lo, hi))

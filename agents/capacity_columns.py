@@ -15,6 +15,7 @@ whose ``deployments`` are arrays of::
     output_tokens (int64, 0: none), flags (uint8: 1 ok, 2 warm-up)   ← little-endian binary
     runs,
     instance, host, gpu_ids, expert_ids       ← lists, nil when no request has them
+                                                 (host and gpu_ids: only requests naming both)
     rag_top1_similarity (float64 binary, NaN: none; nil: none at all), rag_index (list)
 
 The numbers travel as binary arrays: neither end touches them one request at a
@@ -34,6 +35,7 @@ import numpy as np
 from tailguard.agents.capacity_rows import Groups, Row
 from tailguard.agents.capacity_rows import decode_message as decode_rows_message
 from tailguard.streams.input_marks import Run
+from tailguard.streams.served import NO_GPUS, ServedGpus
 
 __all__ = [
     "MAX_BYTES",
@@ -68,8 +70,8 @@ class CapacityRows:
     ok: np.ndarray  # bool
     warm: np.ndarray  # bool
     instance: Sequence[str | None] | None = None
-    host: Sequence[str | None] | None = None
-    gpu_ids: Sequence[list[int] | None] | None = None
+    #: The GPUs that served each request (only requests naming a host and GPUs).
+    gpus: ServedGpus = NO_GPUS
     expert_ids: Sequence[list[int] | None] | None = None
     similarity: np.ndarray | None = None  # float64, NaN: none
     rag_index: Sequence[str | None] | None = None
@@ -89,8 +91,7 @@ class CapacityRows:
             self.ok[part],
             self.warm[part],
             cut(self.instance),
-            cut(self.host),
-            cut(self.gpu_ids),
+            self.gpus.slice(*part.indices(len(self))[:2]),
             cut(self.expert_ids),
             cut(self.similarity),
             cut(self.rag_index),
@@ -111,6 +112,9 @@ class CapacityRows:
 
         def join(name: str) -> Any:
             values = [getattr(p, name) for p in parts]
+            if name == "gpus":
+                starts = np.cumsum([0, *map(len, parts[:-1])]).tolist()
+                return ServedGpus.join(list(zip(values, starts, strict=True)))
             if values[0] is None:
                 return None
             if isinstance(values[0], np.ndarray):
@@ -122,6 +126,7 @@ class CapacityRows:
     def as_rows(self) -> list[Row]:
         """Each request as the tuple older forwarders sent (absent values as they wrote them)."""
         n = len(self)
+        host, gpu_ids = self.gpus.per_request(n)
 
         def listed(values: Sequence[Any] | None, default: Any) -> list[Any]:
             if values is None:
@@ -142,8 +147,8 @@ class CapacityRows:
                 self.ok.tolist(),
                 self.warm.tolist(),
                 listed(self.instance, ""),
-                listed(self.host, ""),
-                listed(self.gpu_ids, []),
+                listed(host, ""),
+                listed(gpu_ids, []),
                 listed(self.expert_ids, []),
                 floats(self.similarity),
                 listed(self.rag_index, "default"),
@@ -164,8 +169,7 @@ class CapacityRows:
             np.array(ok, dtype=np.bool_),
             np.array(warm, dtype=np.bool_),
             list(instance),
-            list(host),
-            list(gpus),
+            ServedGpus.of(host, gpus),
             list(experts),
             np.array(sim, dtype=np.float64),
             list(index),
@@ -212,6 +216,7 @@ def _wire(service: str, model: str, rows: CapacityRows, runs: list[Run]) -> _Wir
         return None if values is None else list(values)
 
     flags = rows.ok.astype(np.uint8) * OK | rows.warm.astype(np.uint8) * WARM
+    host, gpu_ids = rows.gpus.per_request(len(rows)) if len(rows.gpus) else (None, None)
     return _WireDeployment(
         service,
         model,
@@ -222,8 +227,8 @@ def _wire(service: str, model: str, rows: CapacityRows, runs: list[Run]) -> _Wir
         flags.tobytes(),
         runs,
         listed(rows.instance),
-        listed(rows.host),
-        listed(rows.gpu_ids),
+        host,
+        gpu_ids,
         listed(rows.expert_ids),
         None if rows.similarity is None else rows.similarity.astype(_F8).tobytes(),
         listed(rows.rag_index),
@@ -255,8 +260,7 @@ def _rows(d: _WireDeployment) -> CapacityRows:
         (flags & OK).astype(np.bool_),
         (flags & WARM).astype(np.bool_),
         d.instance,
-        d.host,
-        d.gpu_ids,
+        ServedGpus.of(d.host or [None] * n, d.gpu_ids or [None] * n),
         d.expert_ids,
         None if similarity is None else floats(similarity),
         d.rag_index,

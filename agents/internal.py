@@ -11,13 +11,14 @@ whatever the number of requests.
 """
 
 from collections.abc import Sequence
-from itertools import chain, pairwise
+from itertools import pairwise
 
 import msgspec
 import numpy as np
 from tailguard.schemas import InferenceEvent
 from tailguard.schemas.placement import home_partition, series_key
 from tailguard.streams.columns import Columns, ColumnsWire
+from tailguard.streams.served import ServedGpus
 
 Series = tuple[str, str, str, str]
 
@@ -118,39 +119,25 @@ def series_index(events: Sequence[InferenceEvent]) -> tuple[np.ndarray, list[Ser
 def _served(events: Sequence[InferenceEvent], gid: np.ndarray) -> dict[tuple[int, str, int], int]:
     """The newest event time per ``(series index, host, gpu)`` that served them."""
     ts = np.fromiter((ev.ts_ms for ev in events), dtype=np.int64, count=len(events))
-    return served_by(gid, [ev.host for ev in events], [ev.gpu_ids for ev in events], ts)
-
-
-def served_by(
-    gid: np.ndarray,
-    hosts: Sequence[str | None],
-    gpu_ids: Sequence[Sequence[int] | None],
-    ts: np.ndarray,
-) -> dict[tuple[int, str, int], int]:
-    """The newest request time per ``(series index, host, GPU)``, from each request's
-    series index, host, GPU ids and time: one sort over every (request, GPU) pair
-    instead of a dict lookup per request."""
-    n = len(hosts)
-    names: dict[str, int] = {}
-    host = np.fromiter(
-        (names.setdefault(h, len(names)) if h else -1 for h in hosts), dtype=np.int64, count=n
+    return served_by(
+        gid, ServedGpus.of([ev.host for ev in events], [ev.gpu_ids for ev in events]), ts
     )
-    ids = [g or () for g in gpu_ids]
-    per = np.fromiter(map(len, ids), dtype=np.int64, count=n)
-    gpu = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(per.sum()))
-    rows = np.repeat(np.arange(n), per)
-    keep = host[rows] >= 0
-    rows, gpu = rows[keep], gpu[keep]
-    if rows.size == 0:
+
+
+def served_by(gid: np.ndarray, gpus: ServedGpus, ts: np.ndarray) -> dict[tuple[int, str, int], int]:
+    """The newest request time per ``(series index, host, GPU)``, from each request's
+    series index, the GPUs that served the requests and each one's time: one sort
+    over every (request, GPU) pair instead of a dict lookup per request."""
+    if not len(gpus):
         return {}
-    t = ts[rows]
-    g, h = gid[rows], host[rows]
+    t = ts[gpus.at]
+    g, h, gpu = gid[gpus.at], gpus.host, gpus.gpu
     order = np.lexsort((t, gpu, h, g))  # by placement, newest last
     g, h, gpu, t = g[order], h[order], gpu[order], t[order]
     last = np.flatnonzero(
         np.r_[(g[1:] != g[:-1]) | (h[1:] != h[:-1]) | (gpu[1:] != gpu[:-1]), True]
     )
-    listed = list(names)
+    listed = gpus.hosts
     return {
         (gi, listed[hi], gpu_i): newest
         for gi, hi, gpu_i, newest in zip(

@@ -36,6 +36,7 @@ from tailguard.schemas import InferenceEvent
 from tailguard.schemas.columnar import ColumnsDecoded, Numbers, events_of, without_numbers
 from tailguard.streams.columns import STATUS_CODES, Columns, event_hashes, prompt_column
 from tailguard.streams.input_marks import Run
+from tailguard.streams.served import NO_GPUS, ServedGpus
 
 __all__ = ["RequestBatch"]
 
@@ -81,6 +82,7 @@ class RequestBatch:
         self._n = 0
         self._built: Columns | None = None
         self._gid_array: np.ndarray | None = None
+        self._gpus: ServedGpus | None = None
 
     # -- building ------------------------------------------------------------
     def add_rows(self, partition: int, offset: int, events: list[InferenceEvent]) -> None:
@@ -116,6 +118,7 @@ class RequestBatch:
         self._gids.append(gid)
         self._n += gid.size
         self._built = None
+        self._gpus = None
 
     # -- what every request has ----------------------------------------------
     def __len__(self) -> int:
@@ -268,14 +271,22 @@ class RequestBatch:
             at += len(m)
         return out
 
+    def gpus(self) -> ServedGpus:
+        """The GPUs that served each request (read once a batch: the fold and the
+        capacity agent both read them)."""
+        if self._gpus is None:
+            if self._absent("host") or self._absent("gpu_ids"):
+                self._gpus = NO_GPUS
+            else:
+                self._gpus = ServedGpus.of(
+                    self._flat("host", lambda ev: ev.host),
+                    self._flat("gpu_ids", lambda ev: ev.gpu_ids),
+                )
+        return self._gpus
+
     def served(self) -> dict[tuple[int, str, int], int]:
         """The newest request time per ``(series index, host, GPU)`` that served it."""
-        return served_by(
-            self.gid,
-            self._flat("host", lambda ev: ev.host),
-            self._flat("gpu_ids", lambda ev: ev.gpu_ids),
-            self.columns().ts,
-        )
+        return served_by(self.gid, self.gpus(), self.columns().ts)
 
     # -- the side consumers ----------------------------------------------------
     def events(self, rows: list[int]) -> list[InferenceEvent]:
@@ -336,8 +347,7 @@ class RequestBatch:
             cols.status[order] == STATUS_CODES["ok"],
             cols.warmup[order],
             self._ordered("instance", lambda ev: ev.instance, order),
-            self._ordered("host", lambda ev: ev.host, order),
-            self._ordered("gpu_ids", lambda ev: ev.gpu_ids, order),
+            self.gpus().reordered(order),
             self._ordered("expert_ids", lambda ev: ev.expert_ids, order),
             None,
             self._ordered("rag_index", lambda ev: ev.rag_index, order),

@@ -63,7 +63,7 @@ def test_text_and_list_columns_no_request_has_are_left_out() -> None:
     )
     (value,) = messages([("chat", "m", plain, [])], max_rows=10, max_bytes=10_000)
     ((_, _, back, _),) = decode_message(value)
-    assert back.instance is None and back.gpu_ids is None and back.similarity is None
+    assert back.instance is None and not back.gpus and back.similarity is None
     assert back.as_rows() == plain.as_rows()
 
 

@@ -17,6 +17,7 @@ from tailguard.agents.internal import (
 )
 from tailguard.schemas import InferenceEvent
 from tailguard.streams.columns import Columns
+from tailguard.streams.served import ServedGpus
 
 
 def event(
@@ -172,7 +173,9 @@ def test_requests_grouped_per_partition_read_as_each_partition_taken_alone(
     positions = [(part, 100 + i) for i, (_, part, _, _) in enumerate(picks)]
     gid, series = series_index(events)
     cols = Columns.from_events(events, positions)
-    served = served_by(gid, [e.host for e in events], [e.gpu_ids for e in events], cols.ts)
+    served = served_by(
+        gid, ServedGpus.of([e.host for e in events], [e.gpu_ids for e in events]), cols.ts
+    )
     rows = np.arange(len(events))[::2] if every_other else np.arange(len(events))
     got = columns_by_partition(cols, gid, series, served, rows)
 

@@ -34,7 +34,13 @@ from tailguard.agents.capacity_columns import Group as CapacityGroup
 from tailguard.agents.internal import served_by
 from tailguard.schemas import InferenceEvent
 from tailguard.schemas.columnar import ColumnsDecoded, Numbers, events_of, without_numbers
-from tailguard.streams.columns import STATUS_CODES, Columns, event_hashes, prompt_column
+from tailguard.streams.columns import (
+    STATUS_CODES,
+    Columns,
+    event_hashes,
+    prompt_column,
+    trace_column,
+)
 from tailguard.streams.input_marks import Run
 from tailguard.streams.served import NO_GPUS, ServedGpus
 
@@ -105,9 +111,9 @@ class RequestBatch:
         # index through one table lookup.
         index, names = self._index, message.series  # tuples, as decoded
         used, first = np.unique(sid, return_index=True)
+        used = used[np.argsort(first, kind="stable")]
         lut = np.zeros(len(names), dtype=np.int64)
-        for s in used[np.argsort(first, kind="stable")].tolist():
-            lut[s] = index.setdefault(names[s], len(index))
+        lut[used] = [index.setdefault(names[s], len(index)) for s in used.tolist()]
         self._append(lut[sid])
         # The screen's arrays (a message decoded otherwise, taken apart, makes its
         # own); the lists of those columns are let go: a batch keeps arrays only.
@@ -186,7 +192,7 @@ class RequestBatch:
             itl=gaps,
             itl_len=lengths,
             ids=event_hashes(self._flat("event_id", lambda ev: ev.event_id)),
-            traces=[t or "" for t in self._flat("trace_id", lambda ev: ev.trace_id)],
+            traces=trace_column(self._flat("trace_id", lambda ev: ev.trace_id)),
             part=part,
             offset=offset,
         )

@@ -243,10 +243,7 @@ class Bucket:
                 kth = np.partition(slow_e2e, slow_e2e.size - EXEMPLARS)[slow_e2e.size - EXEMPLARS]
                 keep = slow_e2e >= kth
                 slow_e2e, rows = slow_e2e[keep], rows[keep]
-            traces = cols.traces
-            found = [
-                (float(e), traces[i]) for e, i in zip(slow_e2e.tolist(), rows.tolist(), strict=True)
-            ]
+            found = list(zip(slow_e2e.tolist(), cols.traces[rows].tolist(), strict=True))
             self.merge_exemplars(found)
 
     def merge_exemplars(self, found: list[tuple[float, str]]) -> None:

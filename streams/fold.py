@@ -457,9 +457,8 @@ def _absorb_all(
         # owed earlier batches may keep slower ones: more candidates, same result.
         kept = [b.exemplars[-1][0] if len(b.exemplars) >= EXEMPLARS else -np.inf for b in buckets]
         chosen &= te >= np.array(kept, dtype=np.float64)[tb]
-        traces = cols.traces
         ex_rows, ex_e2e = row_of[tb[chosen]], te[chosen]
-        ex_traces = [traces[i] for i in src[t_idx[chosen]].tolist()]
+        ex_traces = cols.traces[src[t_idx[chosen]]].tolist()
 
     prompts = prompt_rows(cols, src[live], ab[live], (err | bad)[live]) if cols.prompt_names else {}
     rows = np.flatnonzero(owed)

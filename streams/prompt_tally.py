@@ -84,11 +84,13 @@ def prompt_rows(
         t_key, t_rows = key[traced], rows[traced]
         t_e2e = cols.e2e[t_rows]
         keep = top_candidates(t_key, t_e2e, PROMPT_EXEMPLARS)
-        traces = cols.traces
-        for k, e, r in zip(
-            t_key[keep].tolist(), t_e2e[keep].tolist(), t_rows[keep].tolist(), strict=True
+        for k, e, trace in zip(
+            t_key[keep].tolist(),
+            t_e2e[keep].tolist(),
+            cols.traces[t_rows[keep]].tolist(),
+            strict=True,
         ):
-            found.setdefault(k, []).append((e, traces[r]))
+            found.setdefault(k, []).append((e, trace))
     names = cols.prompt_names
     out: dict[int, list[tuple[str, int, int, list[tuple[float, str]]]]] = {}
     for k, count, count_bad in zip(keys.tolist(), n.tolist(), n_bad.tolist(), strict=True):

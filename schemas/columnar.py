@@ -358,13 +358,14 @@ class Numbers:
 def numbers(req: Any, n: int) -> Numbers:
     """The numeric columns of ``req`` (a typed-decoded ``requests``) as arrays."""
     with_gaps = req.itl_len is not None
+    gaps = req.itl_ms or ()  # absent: no gaps (itl_len all zero, checked by _structure)
     return Numbers(
         ts_ms=np.array(req.ts_ms, dtype=np.int64),
         e2e_ms=np.array(req.e2e_ms, dtype=np.float64),
         ttft_ms=_floats(req.ttft_ms, n),
         output_tokens=_floats(req.output_tokens, n),
         itl_len=np.array(req.itl_len, dtype=np.int64) if with_gaps else np.zeros(n, np.int64),
-        itl_ms=np.array(req.itl_ms if with_gaps else (), dtype=np.float64),
+        itl_ms=np.fromiter(gaps, np.float64, len(gaps)),
     )
 
 

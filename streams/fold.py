@@ -386,17 +386,21 @@ def _absorb_all(
     ttft_us = np.zeros(src.size, dtype=np.float64)
     ttft_us[has_ttft] = np.rint(ttft[has_ttft] * 1000.0)
     bad = ok & ~good
-    factor_columns = []
-    for i in range(len(FACTORS)):
-        flagged = (cols.factors[src] & (1 << i)) != 0
-        f_ok = ok & flagged
-        f_ttft = has_ttft & flagged
-        factor_columns += [
-            per_bucket(f_ok),
-            per_bucket(bad & flagged),
-            per_bucket(f_ttft),
-            _sum_by(ab[f_ttft], ttft_us[f_ttft], n_b),
-        ]
+    flags = cols.factors[src]
+    # Most batches: no request flagged a cause, and every count of the causes is zero.
+    factor_columns = [np.zeros(n_b, dtype=np.int64)] * (4 * len(FACTORS))
+    if flags.any():
+        factor_columns = []
+        for i in range(len(FACTORS)):
+            flagged = (flags & (1 << i)) != 0
+            f_ok = ok & flagged
+            f_ttft = has_ttft & flagged
+            factor_columns += [
+                per_bucket(f_ok),
+                per_bucket(bad & flagged),
+                per_bucket(f_ttft),
+                _sum_by(ab[f_ttft], ttft_us[f_ttft], n_b),
+            ]
 
     table = np.stack(
         [

@@ -18,9 +18,11 @@ by batch, in order.
 """
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 from tailguard.streams.bucket import EXEMPLARS, Bucket, add_stage
+from tailguard.streams.columns import trace_column
 from tailguard.streams.digest import Sketch
 
 __all__ = ["FoldBatch", "Ledger"]
@@ -178,7 +180,7 @@ def _exemplars(batches: list[FoldBatch], owners: list[Bucket], rows_of: list[np.
     if not owner.size:
         return
     e2e = np.concatenate([b.exemplar_e2e for b in batches])
-    traces = [t for b in batches for t in b.exemplar_traces]
+    traces = list(chain.from_iterable(b.exemplar_traces for b in batches))
     # Per bucket, only the candidates that can make its top EXEMPLARS (ties included).
     order = np.lexsort((-e2e, owner))
     owner, e2e = owner[order], e2e[order]
@@ -187,10 +189,10 @@ def _exemplars(batches: list[FoldBatch], owners: list[Bucket], rows_of: list[np.
     rank = np.arange(owner.size) - np.repeat(first, sizes)
     kth = np.repeat(e2e[np.minimum(first + EXEMPLARS - 1, first + sizes - 1)], sizes)
     chosen = np.flatnonzero((rank < EXEMPLARS) | (e2e >= kth))
-    found: dict[int, list[tuple[float, str]]] = {}
-    for at, value, i in zip(
-        owner[chosen].tolist(), e2e[chosen].tolist(), order[chosen].tolist(), strict=True
-    ):
-        found.setdefault(at, []).append((value, traces[i]))
-    for at, candidates in found.items():
-        owners[at].merge_exemplars(candidates)
+    owner = owner[chosen]
+    traced = trace_column(traces)[order[chosen]].tolist()
+    found = list(zip(e2e[chosen].tolist(), traced, strict=True))
+    edges = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1], True]).tolist()
+    starts, ends = edges[:-1], edges[1:]
+    for at, lo, hi in zip(owner[starts].tolist(), starts, ends, strict=True):
+        owners[at].merge_exemplars(found[lo:hi])

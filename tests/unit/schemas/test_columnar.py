@@ -284,3 +284,13 @@ def test_rows_of_reads_either_form_back_as_the_rows_sent(make_event: Any) -> Non
     assert [r["event_id"] for r in back] == ["a", "b"]
     assert back[0]["itl_ms"] == rows[0]["itl_ms"] and "itl_ms" not in back[1]
     assert rows_of(json.dumps(rows).encode()) == rows
+
+
+def test_gap_counts_of_zero_without_the_gaps_column_mean_no_gaps(make_event: Any) -> None:
+    rows = [common(make_event(event_id=f"z{i}", itl_ms=[])) for i in range(3)]
+    doc = columns_doc(rows)
+    doc["requests"]["itl_len"] = [0, 0, 0]  # and no itl_ms column at all
+    decoded = decode_columns(raw(doc), now_ms=NOW_MS, limits=LIMITS)
+    assert not decoded.rejects and decoded.numbers is not None
+    assert decoded.numbers.itl_ms.shape == (0,)
+    assert decoded.numbers.itl_len.tolist() == [0, 0, 0]

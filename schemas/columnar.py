@@ -57,7 +57,11 @@ from msgspec import Meta
 from tailguard.schemas.codec import decode
 from tailguard.schemas.errors import DeadLetterReason
 from tailguard.schemas.inputs import InferenceEvent
-from tailguard.schemas.limits import Limits, message_problem
+from tailguard.schemas.limits import (
+    Limits,
+    nesting_problem,
+    size_or_encoding_problem,
+)
 from tailguard.schemas.rejects import Reject
 from tailguard.schemas.scalars import Count, DurationMs, Name
 
@@ -98,7 +102,9 @@ _TRACE_ID_LENGTH: Final = Annotated[str, Meta(min_length=32, max_length=32)]
 _HEX_DIGITS: Final = b"0123456789abcdef"
 
 
-def _message_struct(name: str, requests_name: str, hints: Mapping[str, Any]) -> Any:
+def _message_struct(
+    name: str, requests_name: str, hints: Mapping[str, Any], *, known_only: bool = False
+) -> Any:
     requests = msgspec.defstruct(
         requests_name,
         [
@@ -109,7 +115,7 @@ def _message_struct(name: str, requests_name: str, hints: Mapping[str, Any]) -> 
             *[(field, list[hints[field] | None] | None, None) for field in OPTIONAL],  # type: ignore[valid-type]
         ],
         kw_only=True,
-        forbid_unknown_fields=False,
+        forbid_unknown_fields=known_only,
         omit_defaults=True,
     )
     message = msgspec.defstruct(
@@ -120,7 +126,7 @@ def _message_struct(name: str, requests_name: str, hints: Mapping[str, Any]) -> 
             ("requests", requests),
         ],
         kw_only=True,
-        forbid_unknown_fields=False,
+        forbid_unknown_fields=known_only,
     )
     return requests, message
 
@@ -128,9 +134,15 @@ def _message_struct(name: str, requests_name: str, hints: Mapping[str, Any]) -> 
 #: One columnar message (see the module docstring): the contract, and its JSON Schema.
 Requests, InferenceColumns = _message_struct("InferenceColumns", "Requests", _hints)
 #: What the decoder reads: the contract but for trace ids' digits (see ``_TRACE_ID_LENGTH``).
-_Decoded = _message_struct(
-    "DecodedColumns", "DecodedRequests", {**_hints, "trace_id": _TRACE_ID_LENGTH}
-)[1]
+_decoded_hints = {**_hints, "trace_id": _TRACE_ID_LENGTH}
+_Decoded = _message_struct("DecodedColumns", "DecodedRequests", _decoded_hints)[1]
+#: The same, refusing any field the contract does not name (see :func:`_known_only`).
+_KnownOnly = _message_struct("KnownColumns", "KnownRequests", _decoded_hints, known_only=True)[1]
+#: How deep a message of the contract's fields nests: the message, ``requests``, a
+#: column, a list or object of one request, an experiment tag (a test checks it).
+CONTRACT_DEPTH: Final = 5
+#: Columns of objects whose unknown fields the decoder skips, however deep they nest.
+_OPEN_COLUMNS: Final = ("experiments", "cache", "batch", "flow_control")
 
 
 @dataclass(slots=True)
@@ -157,6 +169,7 @@ class ColumnsDecoded:
 
 
 _DECODER: Final = msgspec.json.Decoder(_Decoded)
+_KNOWN_ONLY_DECODER: Final = msgspec.json.Decoder(_KnownOnly)
 _ENCODER: Final = msgspec.json.Encoder()
 _SCHEMA_FIELD: Final = re.compile(
     rb'"schema"\s*:\s*"' + re.escape(COLUMNS_SCHEMA_ID.encode()) + rb'"'
@@ -512,17 +525,43 @@ def _taken_apart(raw: bytes, now_ms: int, limits: Limits) -> ColumnsDecoded:
     return ColumnsDecoded(_DECODER.decode(encode_columns(events)), None, rejects)
 
 
+def _known_only(raw: bytes) -> Any | None:
+    """``raw`` decoded if it holds only the contract's fields, else None."""
+    try:
+        return _KNOWN_ONLY_DECODER.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
+def _depth_known(message: Any, limits: Limits) -> bool:
+    """Whether ``message`` (of the contract's fields only) is known to nest within
+    ``limits``: it has no column of objects (whose unknown fields the decoder skips,
+    however deep) and nests no deeper than :data:`CONTRACT_DEPTH`."""
+    req = message.requests
+    return limits.max_depth >= CONTRACT_DEPTH and all(
+        getattr(req, name) is None for name in _OPEN_COLUMNS
+    )
+
+
 def decode_columns(raw: bytes, *, now_ms: int, limits: Limits) -> ColumnsDecoded:
     """Decode one columnar message; never raises for bad input (see the module docstring)."""
-    problem = message_problem(raw, limits)
+    problem = size_or_encoding_problem(raw, limits)
     if problem is not None:
         return ColumnsDecoded(None, None, [problem])
-    try:
-        message: Any = _DECODER.decode(raw)
-    except msgspec.DecodeError:  # ValidationError is a subclass
-        return _taken_apart(raw, now_ms, limits)
-    except RecursionError:
-        return _whole(DeadLetterReason.TOO_DEEP, "arrays and objects nest too deep")
+    # A message of the contract's fields alone nests no deeper than the contract:
+    # the nesting scan, a pass over every byte, is then not needed.
+    message: Any = _known_only(raw)
+    if message is None or not _depth_known(message, limits):
+        problem = nesting_problem(raw, limits)
+        if problem is not None:
+            return ColumnsDecoded(None, None, [problem])
+    if message is None:
+        try:
+            message = _DECODER.decode(raw)
+        except msgspec.DecodeError:  # ValidationError is a subclass
+            return _taken_apart(raw, now_ms, limits)
+        except RecursionError:
+            return _whole(DeadLetterReason.TOO_DEEP, "arrays and objects nest too deep")
     refused = _structure(message, limits)
     if refused is not None:
         return refused

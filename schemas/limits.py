@@ -34,6 +34,8 @@ __all__ = [
     "MAX_DEPTH_LIMIT",
     "Limits",
     "message_problem",
+    "nesting_problem",
+    "size_or_encoding_problem",
     "too_deep_detail",
 ]
 
@@ -125,10 +127,18 @@ def _too_deep(raw: bytes, max_depth: int) -> bool:
 
 def message_problem(raw: bytes, limits: Limits) -> Reject | None:
     """Why a message is refused whole before any decoding (size, UTF-8, nesting), if it is."""
-    return _whole_message_problem(raw, limits)
+    return size_or_encoding_problem(raw, limits) or nesting_problem(raw, limits)
 
 
-def _whole_message_problem(raw: bytes, limits: Limits) -> Reject | None:
+def nesting_problem(raw: bytes, limits: Limits) -> Reject | None:
+    """Why a message is refused for nesting deeper than ``limits.max_depth``, if it is."""
+    if _too_deep(raw, limits.max_depth):
+        return Reject(_Reason.TOO_DEEP, too_deep_detail(limits))
+    return None
+
+
+def size_or_encoding_problem(raw: bytes, limits: Limits) -> Reject | None:
+    """Why a message is refused for its size or for bytes that are not UTF-8, if it is."""
     size = len(raw)
     if size > limits.max_message_bytes:
         return Reject(
@@ -145,8 +155,6 @@ def _whole_message_problem(raw: bytes, limits: Limits) -> Reject | None:
                 f"byte {exc.start} (0x{raw[exc.start]:02x}) is not valid UTF-8 ({exc.reason}); "
                 "payloads must be UTF-8 JSON",
             )
-    if _too_deep(raw, limits.max_depth):
-        return Reject(_Reason.TOO_DEEP, too_deep_detail(limits))
     return None
 
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from tailguard.schemas import DeadLetterReason, Limits, decode
 from tailguard.schemas.columnar import (
     COLUMNS_SCHEMA_ID,
+    CONTRACT_DEPTH,
     REQUIRED,
     decode_columns,
     encode_columns,
@@ -18,6 +19,7 @@ from tailguard.schemas.columnar import (
     rows_of,
     without_numbers,
 )
+from tailguard.schemas.limits import nesting_problem
 
 from tests.unit.schemas.conftest import NOW_MS, TS_MS
 from tests.unit.schemas.test_codec_properties import json_values, near_valid_events
@@ -294,3 +296,51 @@ def test_gap_counts_of_zero_without_the_gaps_column_mean_no_gaps(make_event: Any
     assert not decoded.rejects and decoded.numbers is not None
     assert decoded.numbers.itl_ms.shape == (0,)
     assert decoded.numbers.itl_len.tolist() == [0, 0, 0]
+
+
+def test_a_message_of_every_column_nests_as_deep_as_the_contract_says(make_event: Any) -> None:
+    # The nesting scan is skipped for messages of the contract's fields: its depth
+    # bound must hold for the deepest of them (experiment tags, cache objects...).
+    event = make_event(experiments=[{"experiment": "e", "variant": "b", "layer": "l"}])
+    raw = encode_columns(decode(json.dumps([event]).encode(), "inference", now_ms=NOW_MS).valid)
+    assert nesting_problem(raw, Limits(max_depth=CONTRACT_DEPTH)) is None
+    assert nesting_problem(raw, Limits(max_depth=CONTRACT_DEPTH - 1)) is not None
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        ("an unknown column", ',"extra":{deep}'),
+        (
+            "a cache object",
+            ',"cache":[{{"prefix_hit_tokens":1,"prefix_query_tokens":2,"x":{deep}}}]',
+        ),
+        ("an experiment tag", ',"experiments":[[{{"experiment":"e","variant":"v","x":{deep}}}]]'),
+    ],
+)
+def test_nesting_hidden_where_the_decoder_skips_fields_is_still_refused(
+    where: str, value: str
+) -> None:
+    deep = "[" * 40 + "]" * 40
+    doc = (
+        '{"schema":"tailguard.inference.columns.v1","series":[["a","b","c","d"]],'
+        f'"requests":{{"series":[0],"event_id":["x"],"ts_ms":[{TS_MS}],"status":["ok"],'
+        f'"e2e_ms":[1.0]{value.format(deep=deep)}}}}}'
+    )
+    decoded = decode_columns(doc.encode(), now_ms=NOW_MS, limits=LIMITS)
+    assert [r.reason for r in decoded.rejects] == [DeadLetterReason.TOO_DEEP], where
+
+
+def test_a_message_decodes_the_same_with_a_column_the_contract_does_not_name(
+    make_event: Any,
+) -> None:
+    rows = [common(make_event(event_id=f"u{i}", ts_ms=TS_MS + i)) for i in range(4)]
+    plain = columns_doc(rows)
+    extra = json.loads(json.dumps(plain))
+    extra["requests"]["x_note"] = [1, 2, 3, 4]
+    a = decode_columns(raw(plain), now_ms=NOW_MS, limits=LIMITS)
+    b = decode_columns(raw(extra), now_ms=NOW_MS, limits=LIMITS)
+    assert not a.rejects and not b.rejects
+    assert events_of(a) == events_of(b)
+    assert a.numbers is not None and b.numbers is not None
+    assert a.numbers.itl_ms.tolist() == b.numbers.itl_ms.tolist()

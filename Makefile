@@ -15,7 +15,7 @@ TEST_CPORT  := 19093
 TEST_BROKER := 127.0.0.1:$(TEST_PORT)
 TEST_ENV    := TAILGUARD_STATE_DIR=$(TEST_STATE) TAILGUARD_KAFKA_PORT=$(TEST_PORT) TAILGUARD_KAFKA_CONTROLLER_PORT=$(TEST_CPORT)
 
-.PHONY: help install tools kafka-up kafka-down kafka-status topics worker demo test unit integration bench bench-ab bench-gateway lint schemas clean
+.PHONY: help install tools kafka-up kafka-down kafka-status topics worker demo test unit integration bench bench-ab bench-gateway bench-instructions lint schemas clean
 
 help:
 	@echo "make demo        broker + worker + simulator with incidents, live SLI table, report"
@@ -23,6 +23,7 @@ help:
 	@echo "make bench       hot-path, throughput and burst benchmarks -> bench/results/*.json"
 	@echo "make bench-ab    A/B guard statistical harness -> bench/results/ab_guard.json"
 	@echo "make bench-gateway  gateway added latency vs direct, 200 streams -> bench/results/gateway.json"
+	@echo "make bench-instructions  hot-path instructions per event (callgrind) -> bench/results/instructions.json"
 	@echo "make kafka-up    start the local Kafka broker (KRaft, Java 17, Maven jars)"
 	@echo "make kafka-down  stop it"
 	@echo "make unit        unit tests only (no broker)"
@@ -101,6 +102,11 @@ bench-gateway: install
 	@$(TEST_ENV) $(KAFKA) up
 	@status=0; TAILGUARD_BROKER=$(TEST_BROKER) $(BIN)/python -m bench.gateway || status=$$?; \
 		$(TEST_ENV) $(KAFKA) down; exit $$status
+
+# Instructions per event of the hot path, counted with callgrind (needs valgrind): a
+# figure the machine's drift does not move, for comparing commits on a shared machine.
+bench-instructions: install
+	$(BIN)/python -m bench.instructions
 
 bench: install bench-ab
 	@$(TEST_ENV) $(KAFKA) up

@@ -1,0 +1,138 @@
+"""Instructions an event costs on the hot path, counted by callgrind: a figure this
+shared machine's drift does not move.
+
+    python -m bench.instructions          (make bench-instructions; needs valgrind)
+
+Timings on a shared 2-core machine drift by ±15 % within the hour, more than
+most single changes to the hot path are worth; the number of instructions a
+fixed workload executes does not drift (same Python, numpy and msgspec). So
+this benchmark counts them: ``bench.hotpath``'s stages — decode, grouping by
+partition and series, ``fold_many`` through one ledger, and the checkpoint's
+bytes (``take_changes``, every other batch) — over ``BATCHES`` batches of the
+benchmark's messages (100,000 events of 10,000 series a batch), run under
+``valgrind --tool=callgrind``; then the same process loading the same
+messages and doing nothing else, and the difference per event is the figure.
+Writes ``bench/results/instructions.json``.
+
+To compare two commits, run it on each: the counts of one commit repeat to
+within a few hundredths of a per cent.
+"""
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+from bench.common import REPO, machine, write_result
+
+BATCHES = 3
+BATCH = 500  # input messages per ingest batch, as the worker takes them
+#: Event time of the workload: fixed, so every run folds the same minutes.
+NOW_MS = 1_800_000_000_000
+
+
+def _stages(messages_path: str, only_load: bool) -> None:
+    """The measured process: load the messages, then (unless ``only_load``) run the stages."""
+    import gc
+
+    import numpy as np
+    from tailguard.agents.ingest import gc_paused
+    from tailguard.agents.internal import columns_by_partition
+    from tailguard.agents.requests import RequestBatch
+    from tailguard.schemas import Limits
+    from tailguard.schemas.columnar import decode_columns
+    from tailguard.streams import RingConfig, SeriesWindows
+    from tailguard.streams.fold import fold_many
+    from tailguard.streams.fold_batch import Ledger
+
+    with open(messages_path, "rb") as f:
+        messages = pickle.load(f)
+    if only_load:
+        return
+    limits, ring, ledger = Limits(), RingConfig(), Ledger()
+    states: dict[tuple[str, str, str, str], SeriesWindows] = {}
+    gc.freeze()
+    for round_ in range(BATCHES):
+        with gc_paused():  # as the ingest agent takes a batch
+            batch = RequestBatch()
+            for j, (part, raw) in enumerate(messages[round_ * BATCH : (round_ + 1) * BATCH]):
+                decoded = decode_columns(raw, now_ms=NOW_MS, limits=limits)
+                batch.add_columns(part, round_ * BATCH + j, decoded)
+            groups = columns_by_partition(
+                batch.columns(), batch.gid, batch.series, batch.served(), np.arange(len(batch))
+            )
+            for group in groups.values():
+                folded = [
+                    states.get(s) or states.setdefault(s, SeriesWindows(ring)) for s in group.series
+                ]
+                fold_many(folded, group.cols, group.bounds, ledger=ledger)
+            if round_ % 2 == 0:
+                for state in states.values():
+                    state.take_changes()
+
+
+def _instructions(messages_path: str, only_load: bool) -> int:
+    with tempfile.TemporaryDirectory(prefix="tg-callgrind-") as tmp:
+        out = Path(tmp) / "callgrind.out"
+        args = [sys.executable, "-m", "bench.instructions", "--stages", messages_path]
+        subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={out}",
+                *args,
+                *(["--only-load"] if only_load else []),
+            ],
+            check=True,
+            cwd=REPO,
+            capture_output=True,
+        )
+        for line in out.read_text().splitlines():
+            if line.startswith("summary:") or line.startswith("totals:"):
+                return int(line.split()[1])
+    msg = "callgrind wrote no instruction total"
+    raise RuntimeError(msg)
+
+
+def main() -> None:
+    if shutil.which("valgrind") is None:
+        print("bench.instructions: valgrind not found; install it (apt install valgrind)")
+        raise SystemExit(2)
+    from bench.workload import make_placed_messages
+
+    events = BATCHES * BATCH * 200
+    started = time.time()
+    messages = make_placed_messages(events, 10_000, encoding="columns")[: BATCHES * BATCH]
+    with tempfile.TemporaryDirectory(prefix="tg-instructions-") as tmp:
+        path = os.path.join(tmp, "messages.pickle")
+        with open(path, "wb") as f:
+            pickle.dump(messages, f)
+        total = _instructions(path, only_load=False)
+        base = _instructions(path, only_load=True)
+    result = {
+        "events": events,
+        "series": 10_000,
+        "batches": BATCHES,
+        "stages": "decode, grouping, fold_many, checkpoint bytes (every other batch)",
+        "instructions": total - base,
+        "instructions_per_event": round((total - base) / events),
+        "versions": {name: version(name) for name in ("numpy", "msgspec", "fastdigest")},
+        "minutes_to_count": round((time.time() - started) / 60, 1),
+        "machine": machine("callgrind: instructions, not time"),
+        "command": "python -m bench.instructions",
+    }
+    write_result("instructions", result)
+    print(json.dumps(result, indent=2), flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "--stages":
+        _stages(sys.argv[2], only_load="--only-load" in sys.argv)
+    else:
+        main()

@@ -33,6 +33,7 @@ __all__ = ["fold_many", "tidy_after"]
 _NO_WM = np.iinfo(np.int64).min
 _NO_ROWS = np.empty(0, dtype=np.int64)
 _NO_VALUES = np.empty(0, dtype=np.float64)
+_NO_TRACES = np.empty(0, dtype=object)
 _ERR_LO, _ERR_HI = min(ERROR_CODES), max(ERROR_CODES)
 _SHIFT = 2**22  # groups per batch the segmented prefix max can separate
 _PARTS = 2**20  # input partitions a (group, partition) key can tell apart
@@ -445,7 +446,7 @@ def _absorb_all(
     # Exemplar candidates: per bucket the requests that can make its top EXEMPLARS.
     traced = ok & cols.has_trace[src]
     t_idx = np.flatnonzero(traced)
-    ex_rows, ex_e2e, ex_traces = _NO_ROWS, _NO_VALUES, []
+    ex_rows, ex_e2e, ex_traces = _NO_ROWS, _NO_VALUES, _NO_TRACES
     if t_idx.size:
         tb = ab[t_idx]
         te = e2e[t_idx]
@@ -462,7 +463,7 @@ def _absorb_all(
         kept = [b.exemplars[-1][0] if len(b.exemplars) >= EXEMPLARS else -np.inf for b in buckets]
         chosen &= te >= np.array(kept, dtype=np.float64)[tb]
         ex_rows, ex_e2e = row_of[tb[chosen]], te[chosen]
-        ex_traces = cols.traces[src[t_idx[chosen]]].tolist()
+        ex_traces = cols.traces[src[t_idx[chosen]]]
 
     prompts = prompt_rows(cols, src[live], ab[live], (err | bad)[live]) if cols.prompt_names else {}
     rows = np.flatnonzero(owed)

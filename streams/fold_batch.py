@@ -18,11 +18,9 @@ by batch, in order.
 """
 
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 from tailguard.streams.bucket import EXEMPLARS, Bucket, add_stage
-from tailguard.streams.columns import trace_column
 from tailguard.streams.digest import Sketch
 
 __all__ = ["FoldBatch", "Ledger"]
@@ -47,7 +45,7 @@ class FoldBatch:
     #: Exemplar candidates: row, E2E and trace id of each.
     exemplar_rows: np.ndarray
     exemplar_e2e: np.ndarray
-    exemplar_traces: list[str]
+    exemplar_traces: np.ndarray  # object: trace ids
     #: ``(prompt, requests, bad, exemplars)`` per row with any.
     prompts: dict[int, list[tuple[str, int, int, list[tuple[float, str]]]]]
     events: int
@@ -180,7 +178,7 @@ def _exemplars(batches: list[FoldBatch], owners: list[Bucket], rows_of: list[np.
     if not owner.size:
         return
     e2e = np.concatenate([b.exemplar_e2e for b in batches])
-    traces = list(chain.from_iterable(b.exemplar_traces for b in batches))
+    traces = np.concatenate([b.exemplar_traces for b in batches])
     # Per bucket, only the candidates that can make its top EXEMPLARS (ties included).
     order = np.lexsort((-e2e, owner))
     owner, e2e = owner[order], e2e[order]
@@ -190,7 +188,7 @@ def _exemplars(batches: list[FoldBatch], owners: list[Bucket], rows_of: list[np.
     kth = np.repeat(e2e[np.minimum(first + EXEMPLARS - 1, first + sizes - 1)], sizes)
     chosen = np.flatnonzero((rank < EXEMPLARS) | (e2e >= kth))
     owner = owner[chosen]
-    traced = trace_column(traces)[order[chosen]].tolist()
+    traced = traces[order[chosen]].tolist()
     found = list(zip(e2e[chosen].tolist(), traced, strict=True))
     edges = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1], True]).tolist()
     starts, ends = edges[:-1], edges[1:]

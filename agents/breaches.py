@@ -41,7 +41,12 @@ from tailguard.streams.burn import (
     applicable,
     evaluate,
 )
-from tailguard.streams.burn_windows import fires_each, window_counters
+from tailguard.streams.burn_windows import (
+    WindowCounters,
+    fires_each,
+    short_windows_burn,
+    window_counters,
+)
 from tailguard.streams.prompt_evidence import rank_prompts
 from tailguard.streams.silent import (
     KIND as SILENT_KIND,
@@ -61,6 +66,7 @@ BREACH_SCHEMA = "tailguard.breach.v1"
 _SEP = "\x1f"
 _SILENT = "~silent"
 _MINUTE_MS = 60_000
+Series = tuple[str, str, str, str]
 
 
 def window_stats(bucket: Bucket, window_ms: int) -> WindowStats:
@@ -218,6 +224,24 @@ class BreachEngine:
     def specs_for(self, series: tuple[str, str, str, str]) -> list[SloSpec]:
         return applicable(self.slos, *series)
 
+    def evaluate_many(
+        self, closes: Sequence[tuple[Series, str, CachedSeries, list[SloSpec], int]]
+    ) -> list[list[Transition]]:
+        """:meth:`evaluate` of each close (series, key, state, SLOs, end), in order;
+        the short windows of all of them screened at once first
+        (:func:`short_windows_burn`): a close none of whose short windows burns
+        has no SLO that fires, and needs no rule read one by one."""
+        counters = [window_counters(c.state, self.burn, end) for _, _, c, _, end in closes]
+        burns = short_windows_burn(
+            self.burn, [(specs, wc) for (*_, specs, _), wc in zip(closes, counters, strict=True)]
+        )
+        return [
+            self.evaluate(series, key, cached, end, specs, counters=wc, may_fire=burn)
+            for (series, key, cached, specs, end), wc, burn in zip(
+                closes, counters, burns, strict=True
+            )
+        ]
+
     def evaluate(
         self,
         series: tuple[str, str, str, str],
@@ -225,16 +249,26 @@ class BreachEngine:
         cached: CachedSeries,
         end_ms: int,
         specs: list[SloSpec],
+        *,
+        counters: WindowCounters | None = None,
+        may_fire: bool = True,
     ) -> list[Transition]:
-        """Evaluate every SLO of the series at ``end_ms``; store and return the transitions."""
+        """Evaluate every SLO of the series at ``end_ms``; store and return the transitions.
+
+        ``counters``: the series' windows ending at ``end_ms``, when read already;
+        ``may_fire``: False when no rule's short window burns for any SLO
+        (:func:`short_windows_burn`), so that no rule fires."""
         if not specs:
             return []
-        counters = window_counters(cached.state, self.burn, end_ms)
+        if counters is None:
+            counters = window_counters(cached.state, self.burn, end_ms)
         watched = self.telemetry is not None and self.telemetry.watches(key)
         out: list[Transition] = []
         # Which SLOs burn, all read at once (only needed where the verdict
         # itself is not: no breach state, not on /metrics).
-        burning = fires_each(specs, self.burn, counters) if not watched else None
+        burning: list[bool] | None = None
+        if not watched:
+            burning = fires_each(specs, self.burn, counters) if may_fire else [False] * len(specs)
         for i, spec in enumerate(specs):
             skey = f"{key}{_SEP}{spec.name}".encode()
             raw = self._read(skey, cached.partition)

@@ -82,8 +82,7 @@ __all__ = ["SeriesFolder"]
 
 Series = tuple[str, str, str, str]
 Outgoing = list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]
-#: One window of one series to publish: series, its state, window name, end, and
-#: the window's merged bucket (read when the minute closed).
+#: One window of a series to publish: series, state, window name, end, merged bucket.
 Read = tuple[Series, SeriesWindows, str, int, Bucket]
 #: A minute of a series that closed: the series, its key, its state, its SLOs, the end.
 Close = tuple[Series, str, CachedSeries, list[Any], int]
@@ -91,10 +90,10 @@ Close = tuple[Series, str, CachedSeries, list[Any], int]
 _MAX_GPUS_PER_SERIES = 64
 #: Series remembered as fed through the forward path (forgotten all at once past it).
 _MAX_FORWARDED_SERIES = 200_000
-#: Windows summarised together at a close: enough to share the percentile pass,
-#: few enough that their merged buckets are little memory (~6 KB each for the
+#: Closes read and summarised together: enough to share the percentile pass,
+#: few enough that their merged windows are little memory (~6 KB each for the
 #: benchmark's series; 64 MB at worst, every window at the exact-read limit).
-_SUMMARY_CHUNK = 256
+_CLOSE_CHUNK = 64
 #: The window whose final snapshots are also the interference detector's points.
 _POINT_WINDOW = "1m"
 
@@ -260,11 +259,13 @@ class SeriesFolder:
         """The windows of ``series`` to publish for ``end_ms``, merged now (what a
         final read sees must not depend on how far the watermark goes on);
         windows holding the same buckets share one merge, summarised once."""
-        names = [
-            w for w in self.settings.sli_windows if not (final and end_ms % final_cadence_ms(w))
-        ]
+        names = self._final_windows(end_ms) if final else list(self.settings.sli_windows)
         merged = state.windows([WINDOWS[window] for window in names], end_ms)
         return [(series, state, w, end_ms, b) for w, b in zip(names, merged, strict=True)]
+
+    def _final_windows(self, end_ms: int) -> list[str]:
+        """The windows whose final snapshot is due at a minute ending at ``end_ms``."""
+        return [w for w in self.settings.sli_windows if not end_ms % final_cadence_ms(w)]
 
     def snapshots(self, reads: list[Read], *, final: bool) -> Outgoing:
         """The snapshots of ``reads``, summarised together and framed."""
@@ -339,22 +340,24 @@ class SeriesFolder:
             return
         started = time.perf_counter()
         engine, source = self.engine, self.settings.source
-        closing: list[Read] = []
         outgoing: Outgoing = []
-        for series, key, cached, slos, end_ms in closes:
-            # Final snapshots are summarised together, a chunk at a time (see snapshots).
-            closing.extend(self.reads(series, cached.state, end_ms, final=True))
-            if len(closing) >= _SUMMARY_CHUNK:
-                outgoing.extend(self.snapshots(closing, final=True))
-                closing.clear()
-            transitions: list[Any] = engine.evaluate(series, key, cached, end_ms, slos)
-            transitions += engine.evaluate_silent(key, cached, end_ms)
-            for value, headers in engine.payloads(transitions, series, cached, source):
-                outgoing.append((self.breach_topic, key.encode(), value, headers))
-            # Done with this end: the merged windows kept for it are memory only
-            # (with 10k series, a few hundred MiB at a minute's close).
-            cached.state.release_window_cache()
-        outgoing.extend(self.snapshots(closing, final=True))
+        # A chunk at a time: final snapshots summarised together, all SLOs screened at
+        # once (evaluate_many), then close by close the silent detector and breaches.
+        for lo in range(0, len(closes), _CLOSE_CHUNK):
+            chunk = closes[lo : lo + _CLOSE_CHUNK]
+            reads = [
+                r for s, _, c, _, end in chunk for r in self.reads(s, c.state, end, final=True)
+            ]
+            outgoing += self.snapshots(reads, final=True)
+            judged = engine.evaluate_many(chunk)
+            for (series, key, cached, _, end_ms), transitions in zip(chunk, judged, strict=True):
+                transitions += engine.evaluate_silent(key, cached, end_ms)
+                for value, headers in engine.payloads(transitions, series, cached, source):
+                    outgoing.append((self.breach_topic, key.encode(), value, headers))
+            for _, _, cached, _, _ in chunk:
+                # Done with these ends: the merged windows kept for them are memory
+                # only (with 10k series, a few hundred MiB at a minute's close).
+                cached.state.release_window_cache()
         self.stats.close_seconds += time.perf_counter() - started
         self.send_all(outgoing)
         self.send_points()

@@ -70,10 +70,14 @@ def _topic(name: str) -> Any:
 
 def fold_and_record(
     states: dict[tuple[str, str, str, str], SeriesWindows],
+    events: int = EVENTS,
+    n_series: int = SERIES,
+    now_ms: int | None = None,
 ) -> list[tuple[tuple[str, str, str, str], int]]:
-    """Fold the benchmark's events; every (series, minute end) that closed, in order."""
-    msgs = make_placed_messages(EVENTS, SERIES)
-    now = int(time.time() * 1000)
+    """Fold ``events`` of ``n_series`` series (placed before ``now_ms``, None:
+    now); every (series, minute end) that closed, in order."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    msgs = make_placed_messages(events, n_series, now_ms=now)
     closes: list[tuple[tuple[str, str, str, str], int]] = []
     for lo in range(0, len(msgs), BATCH):
         valid, positions = [], []

@@ -16,6 +16,13 @@ Writes ``bench/results/instructions.json``.
 
 To compare two commits, run it on each: the counts of one commit repeat to
 within about 0.1 % (53,735 and 53,787 an event, two runs of one commit).
+
+It counts the minute's close the same way (``close_instructions_per_series``):
+``CLOSE_SERIES`` series folded through a minute as ``bench.close`` folds them,
+on a fixed clock, then every minute that closed closed by the worker's own
+close (:meth:`~tailguard.agents.folder.SeriesFolder.close_all`: final
+snapshots, SLOs, the silent detector), less the same process folding alone.
+``python -m bench.instructions --close-only`` counts the close alone (~2 min).
 """
 
 import json
@@ -28,11 +35,14 @@ import tempfile
 import time
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 from bench.common import REPO, machine, write_result
 
 BATCHES = 3
 BATCH = 500  # input messages per ingest batch, as the worker takes them
+#: Series whose minute the close count closes (60 requests each).
+CLOSE_SERIES = 1_000
 #: Event time of the workload: fixed, so every run folds the same minutes.
 NOW_MS = 1_800_000_000_000
 
@@ -77,21 +87,59 @@ def _stages(messages_path: str, only_load: bool) -> None:
                     state.take_changes()
 
 
-def _instructions(messages_path: str, only_load: bool) -> int:
+def _close(only_fold: bool) -> None:
+    """The measured process of the close count: fold, then (unless ``only_fold``) close."""
+    import gc
+
+    from tailguard.agents.internal import series_key
+    from tailguard.agents.state import CachedSeries
+
+    from bench import close
+
+    gc.freeze()
+    gc.disable()  # as the ingest agent folds and closes a batch
+    states: dict[tuple[str, str, str, str], Any] = {}
+    closes = close.fold_and_record(states, CLOSE_SERIES * 60, CLOSE_SERIES, NOW_MS)
+    if only_fold:
+        return
+    folder, engine = close._folder()
+    folder.outputs = _Sent()
+    pending = [
+        (s, series_key(*s), CachedSeries(states[s], 0), engine.specs_for(s), end)
+        for s, end in closes
+    ]
+    folder.close_all(pending)
+
+
+class _Sent:
+    """Outputs that only count what would be sent."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def send(self, topic: str, key: bytes, value: bytes, headers: Any = None) -> None:
+        self.sent += 1
+
+
+def _instructions(args: list[str]) -> int:
+    """Instructions ``python -m bench.instructions *args`` executes, under callgrind."""
     with tempfile.TemporaryDirectory(prefix="tg-callgrind-") as tmp:
         out = Path(tmp) / "callgrind.out"
-        args = [sys.executable, "-m", "bench.instructions", "--stages", messages_path]
         subprocess.run(
             [
                 "valgrind",
                 "--tool=callgrind",
                 f"--callgrind-out-file={out}",
+                sys.executable,
+                "-m",
+                "bench.instructions",
                 *args,
-                *(["--only-load"] if only_load else []),
             ],
             check=True,
             cwd=REPO,
             capture_output=True,
+            # The same string hashes and one BLAS thread every run: counts that repeat.
+            env={**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"},
         )
         for line in out.read_text().splitlines():
             if line.startswith("summary:") or line.startswith("totals:"):
@@ -100,7 +148,17 @@ def _instructions(messages_path: str, only_load: bool) -> int:
     raise RuntimeError(msg)
 
 
-def main() -> None:
+def _close_count() -> dict[str, Any]:
+    total = _instructions(["--close"])
+    base = _instructions(["--close", "--only-fold"])
+    return {
+        "close_series": CLOSE_SERIES,
+        "close_instructions": total - base,
+        "close_instructions_per_series": round((total - base) / CLOSE_SERIES),
+    }
+
+
+def main(close_only: bool) -> None:
     if shutil.which("valgrind") is None:
         print("bench.instructions: valgrind not found; install it (apt install valgrind)")
         raise SystemExit(2)
@@ -108,31 +166,39 @@ def main() -> None:
 
     events = BATCHES * BATCH * 200
     started = time.time()
-    messages = make_placed_messages(events, 10_000, encoding="columns")[: BATCHES * BATCH]
-    with tempfile.TemporaryDirectory(prefix="tg-instructions-") as tmp:
-        path = os.path.join(tmp, "messages.pickle")
-        with open(path, "wb") as f:
-            pickle.dump(messages, f)
-        total = _instructions(path, only_load=False)
-        base = _instructions(path, only_load=True)
-    result = {
-        "events": events,
-        "series": 10_000,
-        "batches": BATCHES,
-        "stages": "decode, grouping, fold_many, checkpoint bytes (every other batch)",
-        "instructions": total - base,
-        "instructions_per_event": round((total - base) / events),
+    result: dict[str, Any] = {}
+    if not close_only:
+        messages = make_placed_messages(events, 10_000, encoding="columns")[: BATCHES * BATCH]
+        with tempfile.TemporaryDirectory(prefix="tg-instructions-") as tmp:
+            path = os.path.join(tmp, "messages.pickle")
+            with open(path, "wb") as f:
+                pickle.dump(messages, f)
+            total = _instructions(["--stages", path])
+            base = _instructions(["--stages", path, "--only-load"])
+        result = {
+            "events": events,
+            "series": 10_000,
+            "batches": BATCHES,
+            "stages": "decode, grouping, fold_many, checkpoint bytes (every other batch)",
+            "instructions": total - base,
+            "instructions_per_event": round((total - base) / events),
+        }
+    result |= _close_count()
+    result |= {
         "versions": {name: version(name) for name in ("numpy", "msgspec", "fastdigest")},
         "minutes_to_count": round((time.time() - started) / 60, 1),
         "machine": machine("callgrind: instructions, not time"),
-        "command": "python -m bench.instructions",
+        "command": "python -m bench.instructions" + (" --close-only" if close_only else ""),
     }
-    write_result("instructions", result)
+    if not close_only:
+        write_result("instructions", result)
     print(json.dumps(result, indent=2), flush=True)
 
 
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "--stages":
         _stages(sys.argv[2], only_load="--only-load" in sys.argv)
+    elif len(sys.argv) >= 2 and sys.argv[1] == "--close":
+        _close(only_fold="--only-fold" in sys.argv)
     else:
-        main()
+        main(close_only="--close-only" in sys.argv)

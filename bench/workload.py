@@ -57,13 +57,15 @@ def make_placed_messages(
     seed: int = 1,
     partitions: int | None = PARTITIONS,
     encoding: str = "rows",
+    now_ms: int | None = None,
 ) -> Placed:
     """:func:`make_messages` as ``(partition, message)``: with ``partitions``, every
     message holds up to ``PER_MESSAGE`` events of one home partition, in event
     time order; without, ``PER_MESSAGE`` consecutive events and no partition (but
     the closing requests: one per series on each of the ``PARTITIONS`` partitions,
-    which all feed every series then)."""
-    requests, closing = make_placed_workload(n, series, seed, partitions, encoding)
+    which all feed every series then). ``now_ms``: the clock the event times
+    are placed before (None: now)."""
+    requests, closing = make_placed_workload(n, series, seed, partitions, encoding, now_ms)
     return requests + closing
 
 
@@ -73,6 +75,7 @@ def make_placed_workload(
     seed: int = 1,
     partitions: int | None = PARTITIONS,
     encoding: str = "rows",
+    now_ms: int | None = None,
 ) -> tuple[Placed, Placed]:
     """:func:`make_placed_messages` in two parts: the ``n`` requests, and the
     messages of the closing requests after them (a benchmark sends those once the
@@ -81,7 +84,8 @@ def make_placed_workload(
     encode = msgspec.json.Encoder().encode if encoding == "rows" else encode_columns
     # The minute the events fill ends on a 5-minute boundary: the close then
     # publishes final 1m, 5m and 1h snapshots (the costliest close), every run.
-    start = (int(time.time() * 1000) - 1_800_000) // 300_000 * 300_000 + 240_000
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    start = (now - 1_800_000) // 300_000 * 300_000 + 240_000
     ttft = rng.lognormal(np.log(180), 0.45, n)
     gaps = rng.lognormal(np.log(30), 0.35, (n, 9)).round(2)
     sid = rng.integers(0, series, n)

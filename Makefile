@@ -23,7 +23,7 @@ help:
 	@echo "make bench       hot-path, throughput and burst benchmarks -> bench/results/*.json"
 	@echo "make bench-ab    A/B guard statistical harness -> bench/results/ab_guard.json"
 	@echo "make bench-gateway  gateway added latency vs direct, 200 streams -> bench/results/gateway.json"
-	@echo "make bench-instructions  hot-path instructions per event (callgrind) -> bench/results/instructions.json"
+	@echo "make bench-instructions  instructions per event of the hot path and per series of a close (callgrind) -> bench/results/instructions.json"
 	@echo "make kafka-up    start the local Kafka broker (KRaft, Java 17, Maven jars)"
 	@echo "make kafka-down  stop it"
 	@echo "make unit        unit tests only (no broker)"

@@ -119,27 +119,31 @@ def short_windows_burn(
     True, :func:`fires_each` decides. It never says False where a rule's short
     window burns: the rates are worked out as :func:`fires_each` works them
     out, and a composite SLI's bad fraction, a weighted mean of its TTFT and ITL
-    fractions, is taken as the larger of the two.
+    fractions, is taken as the larger of the two. A close with no SLO is False,
+    its windows not read.
     """
-    if not closes:
-        return []
+    burns = np.zeros(len(closes), dtype=bool)
+    judged = [i for i, (specs, _) in enumerate(closes) if specs]  # no SLO: nothing to read
+    if not judged:
+        return burns.tolist()
     shorts = sorted({rule.short for rule in policy.rules})
     column = {name: i for i, name in enumerate(shorts)}
-    read = (_read_fields(counters[name]) for _, counters in closes for name in shorts)
-    size = len(closes) * len(shorts) * len(_FIELDS)
+    read = (_read_fields(closes[i][1][name]) for i in judged for name in shorts)
+    size = len(judged) * len(shorts) * len(_FIELDS)
     table = np.fromiter(chain.from_iterable(read), dtype=np.int64, count=size)
-    table = table.reshape(len(closes), len(shorts), len(_FIELDS))
+    table = table.reshape(len(judged), len(shorts), len(_FIELDS))
     windows = SimpleNamespace(**{name: table[:, :, i] for i, name in enumerate(_FIELDS)})
     holding: dict[SloSpec, list[int]] = {}
-    for i, (specs, _) in enumerate(closes):
-        for spec in specs:
-            holding.setdefault(spec, []).append(i)
-    burns = np.zeros(len(closes), dtype=bool)
+    for row, i in enumerate(judged):
+        for spec in closes[i][0]:
+            holding.setdefault(spec, []).append(row)
+    hot = np.zeros(len(judged), dtype=bool)
     for spec, at in holding.items():
         allowed, rules = _rule_limits(spec, policy)
         rates = _bad_fraction(spec, windows)[at] / allowed
         for rule, limit in rules:
-            burns[at] |= rates[:, column[rule.short]] > limit
+            hot[at] |= rates[:, column[rule.short]] > limit
+    burns[judged] = hot
     return burns.tolist()
 
 

@@ -107,3 +107,18 @@ def test_a_burning_short_window_is_flagged_for_its_close_alone() -> None:
         False,  # its SLO reads errors, and there are none
     ]
     assert short_windows_burn(policy, []) == []
+
+
+def test_a_close_without_slos_is_quiet_and_its_windows_are_not_read() -> None:
+    class Unread(dict):
+        def __getitem__(self, name: str) -> Counters:
+            raise AssertionError(f"window {name} read")
+
+    burning = Counters(requests=1_000, ttft_total=1_000, ttft_good=0)
+    hot = {name: burning for name in ALL_WINDOWS}
+
+    assert short_windows_burn(BurnPolicy(), [([], Unread()), ([TTFT], hot), ([], Unread())]) == [
+        False,
+        True,
+        False,
+    ]

@@ -29,7 +29,7 @@ from typing import Any
 
 from tailguard.agents.bulk import BulkWriter, read_partition, write_by_key
 from tailguard.agents.gpu import gpu_join
-from tailguard.agents.internal import series_key
+from tailguard.agents.internal import Series, series_key
 from tailguard.agents.publish import frame
 from tailguard.agents.state import CachedSeries
 from tailguard.streams import WINDOWS, Bucket
@@ -66,7 +66,6 @@ BREACH_SCHEMA = "tailguard.breach.v1"
 _SEP = "\x1f"
 _SILENT = "~silent"
 _MINUTE_MS = 60_000
-Series = tuple[str, str, str, str]
 
 
 def window_stats(bucket: Bucket, window_ms: int) -> WindowStats:
@@ -95,7 +94,7 @@ def _explain(
 
 def breach_payload(
     t: Transition,
-    series: tuple[str, str, str, str],
+    series: Series,
     *,
     exemplars: list[str],
     gpu: list[dict[str, Any]],
@@ -135,7 +134,7 @@ def breach_payload(
 
 def silent_payload(
     t: SilentTransition,
-    series: tuple[str, str, str, str],
+    series: Series,
     *,
     exemplars: list[str],
     gpu: list[dict[str, Any]],
@@ -221,7 +220,7 @@ class BreachEngine:
     #: most series have none to read.
     _known: dict[int, dict[bytes, bytes | None]] = field(default_factory=dict)
 
-    def specs_for(self, series: tuple[str, str, str, str]) -> list[SloSpec]:
+    def specs_for(self, series: Series) -> list[SloSpec]:
         return applicable(self.slos, *series)
 
     def evaluate_many(
@@ -244,7 +243,7 @@ class BreachEngine:
 
     def evaluate(
         self,
-        series: tuple[str, str, str, str],
+        series: Series,
         key: str,
         cached: CachedSeries,
         end_ms: int,
@@ -390,7 +389,7 @@ class BreachEngine:
     def payloads(
         self,
         transitions: Sequence[Transition | SilentTransition],
-        series: tuple[str, str, str, str],
+        series: Series,
         cached: CachedSeries,
         source: str,
     ) -> list[tuple[bytes, list[tuple[str, bytes]]]]:

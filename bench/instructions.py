@@ -22,7 +22,8 @@ It counts the minute's close the same way (``close_instructions_per_series``):
 on a fixed clock, then every minute that closed closed by the worker's own
 close (:meth:`~tailguard.agents.folder.SeriesFolder.close_all`: final
 snapshots, SLOs, the silent detector), less the same process folding alone.
-``python -m bench.instructions --close-only`` counts the close alone (~2 min).
+``python -m bench.instructions --close-only`` counts the close alone (~4 min),
+``--hot-only`` the hot path alone (~5 min); neither writes the results file.
 """
 
 import json
@@ -158,7 +159,7 @@ def _close_count() -> dict[str, Any]:
     }
 
 
-def main(close_only: bool) -> None:
+def main(close_only: bool, hot_only: bool = False) -> None:
     if shutil.which("valgrind") is None:
         print("bench.instructions: valgrind not found; install it (apt install valgrind)")
         raise SystemExit(2)
@@ -183,14 +184,17 @@ def main(close_only: bool) -> None:
             "instructions": total - base,
             "instructions_per_event": round((total - base) / events),
         }
-    result |= _close_count()
+    if not hot_only:
+        result |= _close_count()
     result |= {
         "versions": {name: version(name) for name in ("numpy", "msgspec", "fastdigest")},
         "minutes_to_count": round((time.time() - started) / 60, 1),
         "machine": machine("callgrind: instructions, not time"),
-        "command": "python -m bench.instructions" + (" --close-only" if close_only else ""),
+        "command": "python -m bench.instructions"
+        + (" --close-only" if close_only else "")
+        + (" --hot-only" if hot_only else ""),
     }
-    if not close_only:
+    if not close_only and not hot_only:
         write_result("instructions", result)
     print(json.dumps(result, indent=2), flush=True)
 
@@ -201,4 +205,4 @@ if __name__ == "__main__":
     elif len(sys.argv) >= 2 and sys.argv[1] == "--close":
         _close(only_fold="--only-fold" in sys.argv)
     else:
-        main(close_only="--close-only" in sys.argv)
+        main(close_only="--close-only" in sys.argv, hot_only="--hot-only" in sys.argv)

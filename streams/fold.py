@@ -183,7 +183,7 @@ def fold_many(
     g = g_all[rows]
     judge = _judged_against(ts, g * _PARTS + (cols.part[rows] + 1), feed_keys, floor)
     cfg = states[0].config
-    if any(s.config != cfg for s in states):
+    if any(s.config is not cfg and s.config != cfg for s in states):
         msg = "fold_many needs one RingConfig for the whole batch"
         raise ValueError(msg)
     width = cfg.bucket_ms
@@ -234,34 +234,36 @@ def fold_many(
     ukeys, first, inverse = np.unique(bkey, return_index=True, return_inverse=True)
     n_b = ukeys.size
     border = np.argsort(inverse, kind="stable")  # candidates grouped by bucket, input order kept
-    boff = np.r_[0, np.cumsum(np.bincount(inverse, minlength=n_b))]
+    boff = np.r_[0, np.cumsum(np.bincount(inverse, minlength=n_b))].tolist()
     b_group = cg[first]
     b_start = cs[first]
+    b_groups, b_starts = b_group.tolist(), b_start.tolist()
     buckets: list[Bucket] = [None] * n_b  # type: ignore[list-item]
     keep = np.ones(cand.size, dtype=np.bool_)
     dup_per_group = np.zeros(n_groups, dtype=np.int64)
-    hashes_all = cols.ids[rows[cand]]
+    hashes_by_bucket = cols.ids[rows[cand[border]]].tolist()  # in border's order
     for b in np.argsort(first, kind="stable").tolist():
-        gi = int(b_group[b])
+        gi = b_groups[b]
         state = states[gi]
-        start = int(b_start[b])
+        start = b_starts[b]
         bucket = state.fine.get(start)
         if bucket is None:
             bucket = state._new_fine(start)
         buckets[b] = bucket
+        state._touch(FINE, start)  # its next record is due
         ids = bucket.ids
-        members = border[boff[b] : boff[b + 1]]
         if ids is None:
             state.release_window_cache()
             continue
-        hashes = hashes_all[members].tolist()
+        lo, hi = boff[b], boff[b + 1]
+        hashes = hashes_by_bucket[lo:hi]
         fresh_ids = set(hashes)
         if len(fresh_ids) == len(hashes) and ids.isdisjoint(fresh_ids):
             ids |= fresh_ids
             bucket.note_ids(hashes)
             continue
         added = []
-        for j, h in zip(members.tolist(), hashes, strict=True):
+        for j, h in zip(border[lo:hi].tolist(), hashes, strict=True):
             if h in ids:
                 keep[j] = False
                 dup_per_group[gi] += 1
@@ -300,22 +302,21 @@ def fold_many(
     # Every request that is not late moves its partition's watermark, duplicates
     # included: a replay cannot tell a request its bucket holds from a duplicate.
     keys, tops = _reduce_by(cg * _PARTS + (cols.part[rows[cand]] + 1), ts[cand], np.maximum)
-    moved = np.zeros(n_groups, dtype=np.bool_)
+    moved = [False] * n_groups
     for key, top in zip(keys.tolist(), tops.tolist(), strict=True):
         gi, p = divmod(key, _PARTS)
         feeders = states[gi].feeders
         if top > feeders[p - 1]:
             feeders[p - 1] = top
             moved[gi] = True
-    accepted_per_group = np.bincount(acc_groups, minlength=n_groups)
-    for b in range(n_b):
-        states[int(b_group[b])]._touch(FINE, int(b_start[b]))
+    accepted_per_group = np.bincount(acc_groups, minlength=n_groups).tolist()
+    late_per_group, dup_per_group = late_per_group.tolist(), dup_per_group.tolist()
     for gi in np.flatnonzero(fresh).tolist():
         state = states[gi]
         res = results[gi]
-        res.accepted = int(accepted_per_group[gi])
-        res.late = int(late_per_group[gi])
-        res.duplicates = int(dup_per_group[gi])
+        res.accepted = accepted_per_group[gi]
+        res.late = late_per_group[gi]
+        res.duplicates = dup_per_group[gi]
         state.late += res.late
         state.duplicates += res.duplicates
         if not moved[gi]:

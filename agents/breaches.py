@@ -24,7 +24,7 @@ replaying the same input yields the same breach ids and sequence.
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from tailguard.agents.bulk import BulkWriter, read_partition, write_by_key
@@ -328,7 +328,7 @@ class BreachEngine:
         minute_bucket, short_bucket = cached.state.windows([_MINUTE_MS, short_ms], end_ms)
         minute = window_stats(minute_bucket, _MINUTE_MS)
         short = (
-            replace(minute, window_ms=short_ms)  # a young series: the same buckets
+            minute.over(short_ms)  # a young series: the same buckets
             if short_bucket is minute_bucket
             else window_stats(short_bucket, short_ms)
         )

@@ -150,26 +150,25 @@ def fold_many(
     # not feed the series yet (it starts from the series' watermark, which the
     # request-by-request path moves as it goes).
     with_positions = bool(cols.part[0] >= 0)
-    fresh = np.ones(n_groups, dtype=np.bool_)
+    is_fresh = [not state.awaiting_refill() for state in states]
     feed_keys, lowest = _reduce_by(g_all * _PARTS + (cols.part + 1), cols.offset, np.minimum)
-    floor = np.full(feed_keys.size, _NO_WM, dtype=np.int64)  # see _judged_against
-    feeds_per_group = np.bincount(feed_keys // _PARTS, minlength=n_groups)
+    floors = [_NO_WM] * feed_keys.size  # see _judged_against
+    feeds_per_group = np.bincount(feed_keys // _PARTS, minlength=n_groups).tolist()
     for i, (key, low) in enumerate(zip(feed_keys.tolist(), lowest.tolist(), strict=True)):
         gi, p = divmod(key, _PARTS)
         p -= 1
         state = states[gi]
         own = state.feeders.get(p)
-        if own is None and _first_feeder(state, int(feeds_per_group[gi])):
+        if own is None and _first_feeder(state, feeds_per_group[gi]):
             state.feeders[p] = _NO_WM  # moved below by its first request that is not late
             continue
         if own is None or (p >= 0 and low <= state.replay_floor(p)):
-            fresh[gi] = False
-        elif fresh[gi]:
+            is_fresh[gi] = False
+        elif is_fresh[gi]:
             wm = state.watermark_ms
-            floor[i] = own if wm is None or own > wm else wm
-    for gi, state in enumerate(states):
-        if fresh[gi] and state.awaiting_refill():
-            fresh[gi] = False
+            floors[i] = own if wm is None or own > wm else wm
+    fresh = np.array(is_fresh, dtype=np.bool_)
+    floor = np.array(floors, dtype=np.int64)
     for gi in np.flatnonzero(~fresh).tolist():
         a, b = int(bounds[gi]), int(bounds[gi + 1])
         if b > a:

@@ -140,6 +140,19 @@ class WindowStats:
     def rate_rps(self) -> float:
         return self.requests / (self.window_ms / 1000.0)
 
+    def over(self, window_ms: int) -> "WindowStats":
+        """The same counts read as a window of ``window_ms`` (a young series' short
+        window holds the same buckets as its minute)."""
+        return WindowStats(
+            window_ms,
+            self.requests,
+            self.errors,
+            self.good,
+            self.p95_ttft_ms,
+            self.factor_rates,
+            self.stage_p99_ms,
+        )
+
 
 class Baseline(msgspec.Struct, array_like=True):
     """Learned normal of one series (EWMA over healthy minutes)."""

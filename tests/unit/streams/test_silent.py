@@ -163,3 +163,12 @@ def test_the_policy_refuses_nonsense() -> None:
         SilentPolicy(short_window_ms=90_000)
     with pytest.raises(ConfigError):
         SilentPolicy(p95_rise=0.9)
+
+
+def test_a_minute_read_over_a_longer_window_keeps_its_counts_and_spreads_its_rate() -> None:
+    from dataclasses import replace
+
+    minute = stats(MIN, stages={"prefill": 250.0})
+    short = minute.over(POLICY.short_window_ms)
+    assert short == replace(minute, window_ms=POLICY.short_window_ms)
+    assert short.rate_rps == pytest.approx(minute.rate_rps * MIN / POLICY.short_window_ms)

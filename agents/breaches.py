@@ -23,7 +23,7 @@ replaying the same input yields the same breach ids and sequence.
 """
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ from tailguard.agents.gpu import gpu_join
 from tailguard.agents.internal import Series, series_key
 from tailguard.agents.publish import frame
 from tailguard.agents.state import CachedSeries
-from tailguard.streams import WINDOWS, Bucket
+from tailguard.streams import WINDOWS, Bucket, WindowSummary
 from tailguard.streams.attribution import STAGE_PREFIX, rank_causes, stage_increases
 from tailguard.streams.breach import BreachPolicy, BreachState, Transition, advance
 from tailguard.streams.burn import (
@@ -68,8 +68,20 @@ _SILENT = "~silent"
 _MINUTE_MS = 60_000
 
 
-def window_stats(bucket: Bucket, window_ms: int) -> WindowStats:
-    """What the silent detector reads of a merged window: counters, TTFT P95, stage P99s."""
+def window_stats(
+    bucket: Bucket, window_ms: int, summary: WindowSummary | None = None
+) -> WindowStats:
+    """What the silent detector reads of a merged window: counters, TTFT P95, stage P99s.
+
+    ``summary``: the window's summary, when the close made one already (its
+    percentiles are what the window's sketches give, to the bit)."""
+    if summary is not None:
+        return stats_of(
+            bucket.counters,
+            window_ms,
+            summary.latency["ttft_ms"]["p95"],
+            {name: row["p99"] for name, row in summary.stages.items() if row["count"]},
+        )
     ttft = bucket.digests.get("ttft_ms")
     p95 = ttft.quantiles([0.95])[0] if ttft is not None and ttft.n_values else None
     stages = {
@@ -320,13 +332,22 @@ class BreachEngine:
         return skey, state
 
     def evaluate_silent(
-        self, key: str, cached: CachedSeries, end_ms: int
+        self,
+        key: str,
+        cached: CachedSeries,
+        end_ms: int,
+        summarised: Mapping[int, tuple[Bucket, WindowSummary]] | None = None,
     ) -> list[SilentTransition]:
-        """Judge the short window ending at ``end_ms`` for a silent collapse; learn the minute."""
+        """Judge the short window ending at ``end_ms`` for a silent collapse; learn the minute.
+
+        ``summarised``: merged windows the close summarised already, by ``id``
+        (with the bucket, so that an id is never taken for another's)."""
         skey, state = self._silent_state(key, cached.partition)
         short_ms = self.silent.short_window_ms
         minute_bucket, short_bucket = cached.state.windows([_MINUTE_MS, short_ms], end_ms)
-        minute = window_stats(minute_bucket, _MINUTE_MS)
+        known = summarised.get(id(minute_bucket)) if summarised else None
+        summary = known[1] if known is not None and known[0] is minute_bucket else None
+        minute = window_stats(minute_bucket, _MINUTE_MS, summary)
         short = (
             minute.over(short_ms)  # a young series: the same buckets
             if short_bucket is minute_bucket

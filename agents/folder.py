@@ -55,13 +55,7 @@ import numpy as np
 from faust.streams import _current_event
 from tailguard.agents.breaches import BreachEngine
 from tailguard.agents.feeders import IdleFeeders
-from tailguard.agents.interference_wire import (
-    POINTS_PER_MESSAGE,
-    PointMsg,
-    PointsMsg,
-    encode_internal,
-    point_of,
-)
+from tailguard.agents.interference_wire import PointMsg, point_of, points_records
 from tailguard.agents.internal import series_key
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
@@ -72,7 +66,7 @@ from tailguard.agents.stats import WorkerStats
 from tailguard.agents.telemetry import Telemetry
 from tailguard.agents.topics import Topics
 from tailguard.schemas.placement import series_of_key
-from tailguard.streams import WINDOWS, SeriesWindows, summarize_many
+from tailguard.streams import WINDOWS, SeriesWindows, WindowSummary, summarize_many
 from tailguard.streams.bucket import Bucket
 from tailguard.streams.columns import Columns
 from tailguard.streams.fold import fold_many, tidy_after
@@ -96,6 +90,7 @@ _MAX_FORWARDED_SERIES = 200_000
 _CLOSE_CHUNK = 64
 #: The window whose final snapshots are also the interference detector's points.
 _POINT_WINDOW = "1m"
+_MINUTE_MS = 60_000
 
 
 def _note_gpus(cached: CachedSeries, gpus: list[tuple[str, int, int]]) -> None:
@@ -267,8 +262,15 @@ class SeriesFolder:
         """The windows whose final snapshot is due at a minute ending at ``end_ms``."""
         return [w for w in self.settings.sli_windows if not end_ms % final_cadence_ms(w)]
 
-    def snapshots(self, reads: list[Read], *, final: bool) -> Outgoing:
-        """The snapshots of ``reads``, summarised together and framed."""
+    def snapshots(
+        self,
+        reads: list[Read],
+        *,
+        final: bool,
+        minutes: dict[int, tuple[Bucket, WindowSummary]] | None = None,
+    ) -> Outgoing:
+        """The snapshots of ``reads``, summarised together and framed; ``minutes``
+        gains each one-minute window's summary, by the merged bucket's id."""
         settings = self.settings
         now = int(time.time() * 1000)
         summaries = summarize_many(
@@ -276,12 +278,14 @@ class SeriesFolder:
             with_digests=settings.attach_digests,
         )
         out: Outgoing = []
-        for (series, state, window, end_ms, _), summary in zip(reads, summaries, strict=True):
+        for (series, state, window, end_ms, merged), summary in zip(reads, summaries, strict=True):
             payload = payload_of(series, state, window, end_ms, summary, final=final, now_ms=now)
             if self.telemetry is not None:
                 self.telemetry.observe_sli(series, window, payload)
             value, headers = frame(payload, source=settings.source)
             out.append((self.sli_topic, series_key(*series).encode(), value, headers))
+            if minutes is not None and WINDOWS[window] == _MINUTE_MS:
+                minutes[id(merged)] = (merged, summary)
             if final and window == _POINT_WINDOW:
                 # The closed minute, for the interference detector of its deployment.
                 point = point_of(series, end_ms, summary)
@@ -302,18 +306,9 @@ class SeriesFolder:
             self.outputs.send(self.interference_topic, key, value, [])
 
     def point_records(self) -> list[tuple[bytes, bytes]]:
-        """The closed minutes gathered since the last call as records, one per
-        deployment (:class:`PointsMsg`, in the order they closed), and forget them.
-
-        The detector then reads and writes a deployment's state once for all the
-        series one fold closed; a record per series rewrote it once a series —
-        and the state lists every series, so a deployment's state bytes a minute
-        grew with the square of its tenants."""
-        out = []
-        for deployment, points in self.points.items():
-            key = deployment.encode()
-            for lo in range(0, len(points), POINTS_PER_MESSAGE):
-                out.append((key, encode_internal(PointsMsg(points[lo : lo + POINTS_PER_MESSAGE]))))
+        """The closed minutes gathered since the last call as records
+        (:func:`points_records`), and forget them."""
+        out = points_records(self.points)
         self.points.clear()
         return out
 
@@ -348,10 +343,12 @@ class SeriesFolder:
             reads = [
                 r for s, _, c, _, end in chunk for r in self.reads(s, c.state, end, final=True)
             ]
-            outgoing += self.snapshots(reads, final=True)
+            minutes: dict[int, tuple[Bucket, WindowSummary]] = {}
+            outgoing += self.snapshots(reads, final=True, minutes=minutes)
             judged = engine.evaluate_many(chunk)
             for (series, key, cached, _, end_ms), transitions in zip(chunk, judged, strict=True):
-                transitions += engine.evaluate_silent(key, cached, end_ms)
+                # The silent detector reads the minute the snapshots just summarised.
+                transitions += engine.evaluate_silent(key, cached, end_ms, minutes)
                 for value, headers in engine.payloads(transitions, series, cached, source):
                     outgoing.append((self.breach_topic, key.encode(), value, headers))
             for _, _, cached, _, _ in chunk:

@@ -28,6 +28,7 @@ __all__ = [
     "decode_internal",
     "encode_internal",
     "point_of",
+    "points_records",
 ]
 
 #: Exemplar traces a point carries at most.
@@ -117,3 +118,19 @@ def point_of(series: tuple[str, str, str, str], end_ms: int, summary: WindowSumm
         compliance=summary.slo_compliance,
     )
     return PointMsg(service, model, variant, tenant, point, summary.exemplars[:_EXEMPLARS])
+
+
+def points_records(points: dict[str, list[PointMsg]]) -> list[tuple[bytes, bytes]]:
+    """Closed minutes by deployment as records, one per deployment (:class:`PointsMsg`,
+    in the order they closed; :data:`POINTS_PER_MESSAGE` at most a record).
+
+    The detector then reads and writes a deployment's state once for all the
+    series one fold closed; a record per series rewrote it once a series — and
+    the state lists every series, so a deployment's state bytes a minute grew
+    with the square of its tenants."""
+    out = []
+    for deployment, held in points.items():
+        key = deployment.encode()
+        for lo in range(0, len(held), POINTS_PER_MESSAGE):
+            out.append((key, encode_internal(PointsMsg(held[lo : lo + POINTS_PER_MESSAGE]))))
+    return out

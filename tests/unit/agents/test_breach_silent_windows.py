@@ -75,3 +75,62 @@ def test_learnt_states_are_checkpointed_in_bulk_into_their_partition_and_read_ba
     skey, state = fresh._silent_state("a", 1)
     assert state.to_bytes() == learnt[skey]
     assert fresh._silent_state("a", 2)[1] == SilentState(series_key="a"), "not partition 2's"
+
+
+def _minute_of(n: int, *, ttft: bool, stages: bool) -> SeriesWindows:
+    """One closed minute of ``n`` requests (over 1,000: its sketches are digests)."""
+    state = SeriesWindows()
+    state.add(
+        [
+            Ev(
+                f"e{i}",
+                T0 + i * 60_000 // n,
+                ttft_ms=100.0 + (i * 37) % 500 if ttft else None,
+                output_tokens=11 if ttft else 0,
+                stages_ms={"queue": 5.0 + i % 90, "prefill": 40.0 + (i * 7) % 300}
+                if stages
+                else None,
+            )
+            for i in range(n)
+        ]
+    )
+    state.add([Ev("next", T0 + 3 * MINUTE)])  # closes the minute
+    return state
+
+
+@pytest.mark.parametrize(
+    ("n", "ttft", "stages"), [(60, True, True), (2_500, True, True), (40, False, False)]
+)
+def test_the_minute_read_from_its_snapshot_summary_is_the_minute_read_from_its_sketches(
+    n: int, ttft: bool, stages: bool
+) -> None:
+    from tailguard.streams import summarize
+
+    state = _minute_of(n, ttft=ttft, stages=stages)
+    bucket = state.window(MINUTE, T0 + MINUTE)
+    summary = summarize(bucket, MINUTE, state.thresholds)
+
+    from_summary = window_stats(bucket, MINUTE, summary)
+
+    assert from_summary == window_stats(bucket, MINUTE)
+    assert (from_summary.p95_ttft_ms is None) != ttft
+    assert sorted(from_summary.stage_p99_ms) == (["prefill", "queue"] if stages else [])
+
+
+def test_a_summary_of_another_window_is_not_taken_for_the_minute() -> None:
+    from tailguard.streams import summarize
+
+    engine = BreachEngine(slos=default_slos(), state_table={}, gpu_table=None)
+    state, other = history(2), history(3)
+    end = T0 + 2 * MINUTE
+    stranger = other.window(MINUTE, T0 + 3 * MINUTE)
+    wrong = summarize(stranger, MINUTE, other.thresholds)
+    minute = state.window(MINUTE, end)
+
+    engine.evaluate_silent("k", CachedSeries(state, 0), end, {id(minute): (stranger, wrong)})
+    learnt = next(iter(engine._states.values()))
+    state.release_window_cache()
+    plain = BreachEngine(slos=default_slos(), state_table={}, gpu_table=None)
+    plain.evaluate_silent("k", CachedSeries(state, 0), end)
+
+    assert learnt == next(iter(plain._states.values()))

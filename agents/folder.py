@@ -80,28 +80,16 @@ Outgoing = list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]
 Read = tuple[Series, SeriesWindows, str, int, Bucket]
 #: A minute of a series that closed: the series, its key, its state, its SLOs, the end.
 Close = tuple[Series, str, CachedSeries, list[Any], int]
-
-_MAX_GPUS_PER_SERIES = 64
 #: Series remembered as fed through the forward path (forgotten all at once past it).
 _MAX_FORWARDED_SERIES = 200_000
-#: Closes read and summarised together: enough to share the percentile pass,
-#: few enough that their merged windows are little memory (~6 KB each for the
-#: benchmark's series; 64 MB at worst, every window at the exact-read limit).
-_CLOSE_CHUNK = 64
+#: Closes summarised together at most (the percentile pass sorts sketches of one size
+#: together: the more closes, the fewer sizes), and the values their merged windows
+#: may hold (64 MB; memory until the chunk is done) before a chunk is cut.
+_CLOSE_CHUNK = 1024
+_CHUNK_VALUES = 8_000_000
 #: The window whose final snapshots are also the interference detector's points.
 _POINT_WINDOW = "1m"
 _MINUTE_MS = 60_000
-
-
-def _note_gpus(cached: CachedSeries, gpus: list[tuple[str, int, int]]) -> None:
-    """Remember which GPUs served the series (for the breach GPU join)."""
-    known = cached.gpus
-    for host, index, ts in gpus:
-        if ts > known.get((host, index), 0):
-            known[(host, index)] = ts
-    if len(known) > _MAX_GPUS_PER_SERIES:
-        for gone in sorted(known, key=known.__getitem__)[: len(known) - _MAX_GPUS_PER_SERIES]:
-            del known[gone]
 
 
 class SeriesFolder:
@@ -210,7 +198,7 @@ class SeriesFolder:
                 cached = store.get(key, partition)
                 cached.partition = partition
                 if i in gpus_of:
-                    _note_gpus(cached, gpus_of[i])
+                    cached.note_gpus(gpus_of[i])
                 states.append(cached.state)
                 closers.append(self._closer(name, key, cached, specs[key], closes))
                 store.mark_unsaved(key, partition)
@@ -338,11 +326,10 @@ class SeriesFolder:
         outgoing: Outgoing = []
         # A chunk at a time: final snapshots summarised together, all SLOs screened at
         # once (evaluate_many), then close by close the silent detector and breaches.
-        for lo in range(0, len(closes), _CLOSE_CHUNK):
-            chunk = closes[lo : lo + _CLOSE_CHUNK]
-            reads = [
-                r for s, _, c, _, end in chunk for r in self.reads(s, c.state, end, final=True)
-            ]
+        lo = 0
+        while lo < len(closes):
+            hi, reads = self._chunk_reads(closes, lo)
+            chunk, lo = closes[lo:hi], hi
             minutes: dict[int, tuple[Bucket, WindowSummary]] = {}
             outgoing += self.snapshots(reads, final=True, minutes=minutes)
             judged = engine.evaluate_many(chunk)
@@ -358,6 +345,22 @@ class SeriesFolder:
         self.stats.close_seconds += time.perf_counter() - started
         self.send_all(outgoing)
         self.send_points()
+
+    def _chunk_reads(self, closes: list[Close], lo: int) -> tuple[int, list[Read]]:
+        """Where the chunk of closes from ``lo`` ends, and its final reads: up to
+        :data:`_CLOSE_CHUNK` closes, fewer once their merged windows hold
+        :data:`_CHUNK_VALUES` values."""
+        reads: list[Read] = []
+        held = 0
+        hi = lo
+        while hi < len(closes) and hi - lo < _CLOSE_CHUNK and held < _CHUNK_VALUES:
+            series, _, cached, _, end = closes[hi]
+            found = self.reads(series, cached.state, end, final=True)
+            merged = {id(r[4]): r[4] for r in found}.values()  # windows may share one
+            held += sum(sketch.n_values for b in merged for sketch in b.digests.values())
+            reads += found
+            hi += 1
+        return hi, reads
 
     # -- checkpoints ----------------------------------------------------------
     @contextmanager

@@ -37,6 +37,8 @@ __all__ = [
 ]
 
 _SEP = "\x1f"
+#: GPUs a series remembers as having served it (the latest seen).
+MAX_GPUS_PER_SERIES = 64
 
 
 def bucket_key(series: str, tier: str, start: int, version: int | None = None) -> str:
@@ -85,6 +87,17 @@ class CachedSeries:
     partition: int
     #: GPUs that served the series: ``(host, gpu) → last seen (event time)``.
     gpus: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def note_gpus(self, gpus: list[tuple[str, int, int]]) -> None:
+        """Remember which GPUs served the series (``(host, gpu, event time)``, for
+        the breach GPU join): the :data:`MAX_GPUS_PER_SERIES` seen last."""
+        known = self.gpus
+        for host, index, ts in gpus:
+            if ts > known.get((host, index), 0):
+                known[(host, index)] = ts
+        if len(known) > MAX_GPUS_PER_SERIES:
+            for gone in sorted(known, key=known.__getitem__)[: len(known) - MAX_GPUS_PER_SERIES]:
+                del known[gone]
 
 
 class SeriesStore:

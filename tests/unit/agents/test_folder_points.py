@@ -100,3 +100,53 @@ def test_the_points_of_a_fold_go_as_one_record_per_deployment_in_the_order_they_
     sent = [p.tenant for _, msg in records[:2] for p in msg.points]  # type: ignore[union-attr]
     assert sent == tenants
     assert f.point_records() == []
+
+
+class _Sent:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, bytes, dict[str, Any]]] = []
+
+    def send(self, topic: str, key: bytes, value: bytes, headers: Any = None) -> None:
+        doc = msgspec.json.decode(value) if topic != "interference" else {"raw": value}
+        doc.pop("ts_ms", None)  # the wall clock of the close
+        self.records.append((topic, key, doc))
+
+
+def _close_all(chunk: int, values: int, monkeypatch: Any) -> tuple[list[Any], int]:
+    """Close the minute of 30 series through ``close_all`` with chunks of at most
+    ``chunk`` closes and ``values`` values: what is sent, and the chunks."""
+    import tailguard.agents.folder as folder_module
+    from tailguard.agents.state import CachedSeries
+
+    monkeypatch.setattr(folder_module, "_CLOSE_CHUNK", chunk)
+    monkeypatch.setattr(folder_module, "_CHUNK_VALUES", values)
+    f = folder()
+    f.outputs = _Sent()  # type: ignore[assignment]
+    chunks = 0
+    summarise = f.snapshots
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        nonlocal chunks
+        chunks += 1
+        return summarise(*args, **kw)
+
+    f.snapshots = counted  # type: ignore[method-assign]
+    closes = []
+    for i in range(30):
+        series = ("chat", "m1", "control", f"t{i}")
+        cached = CachedSeries(closed_minute(), 0)
+        closes.append((series, "|".join(series), cached, f.engine.specs_for(series), T0 + 60_000))
+    f.close_all(closes)
+    return f.outputs.records, chunks  # type: ignore[attr-defined]
+
+
+def test_a_close_publishes_the_same_however_its_closes_are_chunked(monkeypatch: Any) -> None:
+    whole, one_chunk = _close_all(1024, 8_000_000, monkeypatch)
+    by_count, chunks_of_7 = _close_all(7, 8_000_000, monkeypatch)
+    by_values, chunks_of_1 = _close_all(1024, 1, monkeypatch)  # a close's windows hold more
+
+    assert (one_chunk, chunks_of_7, chunks_of_1) == (1, 5, 30)
+    # Final 1m and 5m snapshots a series (the 1h window's are due every 5 minutes),
+    # and one record of points.
+    assert len(whole) == 30 * 2 + 1
+    assert by_count == whole and by_values == whole

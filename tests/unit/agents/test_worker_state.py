@@ -365,3 +365,18 @@ def test_stopping_hooks_run_before_the_consumer_stops_and_a_failing_one_does_not
     app.stopping_hooks += [broken, store_held]  # type: ignore[attr-defined]
     asyncio.run(app.on_stop())
     assert order == ["broken hook", "store what is held", "faust stops the consumer"]
+
+
+def test_a_series_remembers_the_gpus_that_served_it_last() -> None:
+    from tailguard.agents.state import MAX_GPUS_PER_SERIES, CachedSeries
+    from tailguard.streams import SeriesWindows
+
+    cached = CachedSeries(SeriesWindows(), 0)
+    cached.note_gpus([("h1", g, 1_000 + g) for g in range(MAX_GPUS_PER_SERIES + 6)])
+    cached.note_gpus([("h1", 0, 5_000), ("h1", 1, 10)])  # GPU 0 seen again; GPU 1's is older
+
+    assert len(cached.gpus) == MAX_GPUS_PER_SERIES
+    assert cached.gpus[("h1", 0)] == 5_000
+    # The oldest two went: GPU 1 (its sample is older than any kept) and GPU 6.
+    assert ("h1", 1) not in cached.gpus and ("h1", 6) not in cached.gpus
+    assert min(ts for (_, g), ts in cached.gpus.items() if g) == 1_007

@@ -322,11 +322,6 @@ class SeriesRing:
             self._tiers_memo.clear()
         return self._order
 
-    def _parts(self, window_ms: int, end_ms: int | None) -> list[Bucket]:
-        """The buckets a window holds, hours then minutes, each in time order."""
-        hours, minutes = self._tiers(window_ms, end_ms)
-        return hours + minutes
-
     def _tiers(self, window_ms: int, end_ms: int | None) -> tuple[list[Bucket], list[Bucket]]:
         """The hour and the minute buckets a window holds, each in time order
         (settled: every read of a window comes through here)."""
@@ -348,7 +343,10 @@ class SeriesRing:
         not change it: a window of closed buckets is the merge kept for that end (until
         :meth:`release_window_cache`), shared by every reader of the end."""
         end = self.default_end() if end_ms is None else end_ms
-        hours, minutes = self._tiers(window_ms, end)
+        return self._merged(*self._tiers(window_ms, end), end)
+
+    def _merged(self, hours: list[Bucket], minutes: list[Bucket], end: int | None) -> Bucket:
+        """:meth:`window` of the buckets ``_tiers`` gave for a window ending at ``end``."""
         parts = hours + minutes
         if len(parts) == 1 and parts[0].settled:
             return parts[0]  # a closed bucket alone is its own window (see below)
@@ -388,7 +386,7 @@ class SeriesRing:
             key = (*map(id, hours), -1, *map(id, minutes))
             merged = seen.get(key)
             if merged is None:
-                merged = seen[key] = self.window(window_ms, end_ms)
+                merged = seen[key] = self._merged(hours, minutes, end_ms)
             out.append(merged)
         return out
 
@@ -401,7 +399,8 @@ class SeriesRing:
 
     def exemplars(self, window_ms: int, end_ms: int | None = None, k: int = 5) -> list[str]:
         """Trace ids of the ``k`` slowest requests (by E2E) of a window, slowest first."""
-        candidates = [e for part in self._parts(window_ms, end_ms) for e in part.exemplars]
+        tiers = self._tiers(window_ms, end_ms)
+        candidates = [e for tier in tiers for part in tier for e in part.exemplars]
         return [trace for _, trace in heapq.nlargest(k, candidates)]
 
     def counters(self, window_ms: int, end_ms: int | None = None) -> Counters:
@@ -409,7 +408,8 @@ class SeriesRing:
         them, do not change them: those of closed buckets are kept for that end like
         :meth:`window`'s merges (a minute's close reads the same few windows per SLO)."""
         end = self.default_end() if end_ms is None else end_ms
-        parts = self._parts(window_ms, end)
+        hours, minutes = self._tiers(window_ms, end)
+        parts = hours + minutes
         if len(parts) == 1:
             return parts[0].counters  # read only: no copy (a young series' windows)
         if any(p.ids is not None or p.refill for p in parts):

@@ -596,7 +596,8 @@ def test_readers_of_a_closed_window_share_one_merged_bucket_and_leave_it_as_it_w
     summarize(first, ms, ring.thresholds, with_digests=True)
     again = ring.window(ms, end)
     assert again is first
-    parts = ring._parts(ms, end)
+    hours, minutes = ring._tiers(ms, end)
+    parts = hours + minutes
     if len(parts) == 1 and all(s.exact for s in parts[0].digests.values()):
         assert again is parts[0]
         fresh = Bucket.from_bytes(ring_before[parts[0].start_ms])

@@ -89,7 +89,6 @@ _CLOSE_CHUNK = 1024
 _CHUNK_VALUES = 8_000_000
 #: The window whose final snapshots are also the interference detector's points.
 _POINT_WINDOW = "1m"
-_MINUTE_MS = 60_000
 
 
 class SeriesFolder:
@@ -258,7 +257,7 @@ class SeriesFolder:
         minutes: dict[int, tuple[Bucket, WindowSummary]] | None = None,
     ) -> Outgoing:
         """The snapshots of ``reads``, summarised together and framed; ``minutes``
-        gains each one-minute window's summary, by the merged bucket's id."""
+        gains each 1m window's summary, by the merged bucket's id."""
         settings = self.settings
         now = int(time.time() * 1000)
         summaries = summarize_many(
@@ -272,7 +271,7 @@ class SeriesFolder:
                 self.telemetry.observe_sli(series, window, payload)
             value, headers = frame(payload, source=settings.source)
             out.append((self.sli_topic, series_key(*series).encode(), value, headers))
-            if minutes is not None and WINDOWS[window] == _MINUTE_MS:
+            if minutes is not None and window == _POINT_WINDOW:  # the minute, as read
                 minutes[id(merged)] = (merged, summary)
             if final and window == _POINT_WINDOW:
                 # The closed minute, for the interference detector of its deployment.

@@ -320,17 +320,18 @@ class SeriesFolder:
         the minute closed would have seen."""
         if not closes:
             return
-        started = time.perf_counter()
         engine, source = self.engine, self.settings.source
-        outgoing: Outgoing = []
         # A chunk at a time: final snapshots summarised together, all SLOs screened at
         # once (evaluate_many), then close by close the silent detector and breaches.
+        # Each chunk is published once done: the broker and the subscribers take it
+        # while the next chunk closes, instead of all of it after the last.
         lo = 0
         while lo < len(closes):
+            started = time.perf_counter()
             hi, reads = self._chunk_reads(closes, lo)
             chunk, lo = closes[lo:hi], hi
             minutes: dict[int, tuple[Bucket, WindowSummary]] = {}
-            outgoing += self.snapshots(reads, final=True, minutes=minutes)
+            outgoing = self.snapshots(reads, final=True, minutes=minutes)
             judged = engine.evaluate_many(chunk)
             for (series, key, cached, _, end_ms), transitions in zip(chunk, judged, strict=True):
                 # The silent detector reads the minute the snapshots just summarised.
@@ -341,8 +342,8 @@ class SeriesFolder:
                 # Done with these ends: the merged windows kept for them are memory
                 # only (with 10k series, a few hundred MiB at a minute's close).
                 cached.state.release_window_cache()
-        self.stats.close_seconds += time.perf_counter() - started
-        self.send_all(outgoing)
+            self.stats.close_seconds += time.perf_counter() - started
+            self.send_all(outgoing)
         self.send_points()
 
     def _chunk_reads(self, closes: list[Close], lo: int) -> tuple[int, list[Read]]:

@@ -112,9 +112,10 @@ class _Sent:
         self.records.append((topic, key, doc))
 
 
-def _close_all(chunk: int, values: int, monkeypatch: Any) -> tuple[list[Any], int]:
+def _close_all(chunk: int, values: int, monkeypatch: Any) -> tuple[list[Any], list[int]]:
     """Close the minute of 30 series through ``close_all`` with chunks of at most
-    ``chunk`` closes and ``values`` values: what is sent, and the chunks."""
+    ``chunk`` closes and ``values`` values: what is sent, and how many records
+    were sent as each chunk began."""
     import tailguard.agents.folder as folder_module
     from tailguard.agents.state import CachedSeries
 
@@ -122,12 +123,11 @@ def _close_all(chunk: int, values: int, monkeypatch: Any) -> tuple[list[Any], in
     monkeypatch.setattr(folder_module, "_CHUNK_VALUES", values)
     f = folder()
     f.outputs = _Sent()  # type: ignore[assignment]
-    chunks = 0
+    chunks: list[int] = []
     summarise = f.snapshots
 
     def counted(*args: Any, **kw: Any) -> Any:
-        nonlocal chunks
-        chunks += 1
+        chunks.append(len(f.outputs.records))  # type: ignore[attr-defined]
         return summarise(*args, **kw)
 
     f.snapshots = counted  # type: ignore[method-assign]
@@ -145,8 +145,16 @@ def test_a_close_publishes_the_same_however_its_closes_are_chunked(monkeypatch: 
     by_count, chunks_of_7 = _close_all(7, 8_000_000, monkeypatch)
     by_values, chunks_of_1 = _close_all(1024, 1, monkeypatch)  # a close's windows hold more
 
-    assert (one_chunk, chunks_of_7, chunks_of_1) == (1, 5, 30)
+    assert (len(one_chunk), len(chunks_of_7), len(chunks_of_1)) == (1, 5, 30)
     # Final 1m and 5m snapshots a series (the 1h window's are due every 5 minutes),
     # and one record of points.
     assert len(whole) == 30 * 2 + 1
     assert by_count == whole and by_values == whole
+
+
+def test_each_chunk_of_a_close_is_published_before_the_next_is_closed(monkeypatch: Any) -> None:
+    records, sent_at_start = _close_all(7, 8_000_000, monkeypatch)
+    # Two final snapshots a series: chunks of 7, 7, 7, 7 and 2 series.
+    assert sent_at_start == [0, 14, 28, 42, 56]
+    assert len(records) == 30 * 2 + 1  # the points last, once
+    assert records[-1][0] == "interference"

@@ -111,6 +111,16 @@ def partial_batch_due(settings: Settings, now: float, oldest: float, newest: flo
     return now - oldest >= settings.ingest_within_s or now - newest >= settings.ingest_idle_s
 
 
+def settle_due(
+    settings: Settings, now: float, newest: float, *, buffered: bool, owed: bool
+) -> bool:
+    """Whether to put in now what folded batches still owe their buckets (the folder's
+    :class:`~tailguard.streams.fold_batch.Ledger`): something is owed, and the input
+    is caught up — nothing buffered, none come for ``ingest_idle_s``. Otherwise the
+    next read pays for it, and the next read is often a minute's close."""
+    return owed and not buffered and now - newest >= settings.ingest_idle_s
+
+
 class HomePartitions:
     """Home partition of a series, remembered (a CRC-32 and a key string per event
     would cost more than the rest of the routing). Forgets everything past
@@ -293,9 +303,14 @@ def register_ingest(
         min(settings.ingest_within_s / 2, settings.ingest_idle_s), name="tailguard.ingest.flush"
     )
     async def flush_partial_batch() -> None:
-        due = partial_batch_due(settings, time.monotonic(), started[0], arrived[0])
-        if buffer and streams and due:
+        now = time.monotonic()
+        if buffer and streams and partial_batch_due(settings, now, started[0], arrived[0]):
             await drain(streams[0])
+        elif settle_due(settings, now, arrived[0], buffered=bool(buffer), owed=bool(folder.ledger)):
+            async with folder.busy:  # idle: the ledger's work, done before a close needs it
+                settling = time.perf_counter()
+                folder.ledger.settle()
+                stats.fold_seconds += time.perf_counter() - settling
 
     async def settle() -> None:
         """At a clean stop: finish the batch in hand, take no other, then store and

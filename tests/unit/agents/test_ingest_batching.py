@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 from tailguard.agents.errors import SettingsError
-from tailguard.agents.ingest import partial_batch_due
+from tailguard.agents.ingest import partial_batch_due, settle_due
 from tailguard.agents.settings import Settings
 
 S = Settings(ingest_within_s=0.5, ingest_idle_s=0.05)
@@ -34,3 +34,14 @@ def test_the_idle_time_comes_from_the_environment_and_fits_the_batch_time(
         Settings(ingest_idle_s=0)
     with pytest.raises(SettingsError, match="ingest_idle_s"):
         Settings(ingest_within_s=0.5, ingest_idle_s=1.0)
+
+
+def test_what_folds_owe_is_put_in_once_the_input_is_caught_up() -> None:
+    # Nothing buffered, nothing for 60 ms, batches owed: settle before a close needs it.
+    assert settle_due(S, now=10.0, newest=9.94, buffered=False, owed=True)
+
+
+def test_what_folds_owe_waits_while_input_comes_or_nothing_is_owed() -> None:
+    assert not settle_due(S, now=10.0, newest=9.99, buffered=False, owed=True)  # input comes
+    assert not settle_due(S, now=10.0, newest=9.0, buffered=True, owed=True)  # a batch waits
+    assert not settle_due(S, now=10.0, newest=9.0, buffered=False, owed=False)  # all put in

@@ -200,13 +200,17 @@ _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(SilentState)
 
 
+#: What a lifecycle event of a silent breach says.
+TransitionState = Literal["opened", "updated", "resolved"]
+
+
 @dataclass(frozen=True, slots=True)
 class SilentTransition:
     """One lifecycle event of a silent breach."""
 
     breach_id: str
     seq: int
-    state: Literal["opened", "updated", "resolved"]
+    state: TransitionState
     severity: str
     at_ms: int
     opened_ms: int
@@ -322,7 +326,7 @@ def advance_silent(
     def transition(
         bid: str,
         seq: int,
-        what: Literal["opened", "updated", "resolved"],
+        what: TransitionState,  # a name: the annotation is evaluated at every call
         sev: str,
         opened: int,
         resolved: int | None,

@@ -111,14 +111,15 @@ def partial_batch_due(settings: Settings, now: float, oldest: float, newest: flo
     return now - oldest >= settings.ingest_within_s or now - newest >= settings.ingest_idle_s
 
 
-def settle_due(
-    settings: Settings, now: float, newest: float, *, buffered: bool, owed: bool
-) -> bool:
+def settle_due(settings: Settings, now: float, moved: float, *, buffered: bool, owed: bool) -> bool:
     """Whether to put in now what folded batches still owe their buckets (the folder's
     :class:`~tailguard.streams.fold_batch.Ledger`): something is owed, and the input
-    is caught up — nothing buffered, none come for ``ingest_idle_s``. Otherwise the
-    next read pays for it, and the next read is often a minute's close."""
-    return owed and not buffered and now - newest >= settings.ingest_idle_s
+    is caught up — no batch buffered or in hand, and nothing came for
+    ``ingest_idle_s`` since it ``moved`` (a message came or a batch was done with).
+    Otherwise the next read pays for it, and the next read is often a minute's
+    close. Under load the ledger is left to gather batches: settling many at once
+    costs less than settling each."""
+    return owed and not buffered and now - moved >= settings.ingest_idle_s
 
 
 class HomePartitions:
@@ -157,6 +158,7 @@ def register_ingest(
     buffer: list[Any] = []
     started = [0.0]  # monotonic time the oldest buffered message arrived
     arrived = [0.0]  # monotonic time the newest buffered message arrived
+    finished = [0.0]  # monotonic time the last batch was done with
     streams: list[Any] = []  # the agent's manual-ack stream, once it runs
     #: Input partitions whose events may be folded here (see ``on_assigned``).
     in_place: set[int] = set()
@@ -286,6 +288,7 @@ def register_ingest(
                 await process(stream, batch)
                 del batch
                 release_free_heap()  # what the batch's events held
+                finished[0] = time.monotonic()
 
     @app.agent(topics.inference, name="tailguard.ingest")
     async def ingest(stream: faust.StreamT[bytes]) -> None:
@@ -306,7 +309,13 @@ def register_ingest(
         now = time.monotonic()
         if buffer and streams and partial_batch_due(settings, now, started[0], arrived[0]):
             await drain(streams[0])
-        elif settle_due(settings, now, arrived[0], buffered=bool(buffer), owed=bool(folder.ledger)):
+        elif settle_due(
+            settings,
+            now,
+            max(arrived[0], finished[0]),  # under load a batch's end is followed by input
+            buffered=bool(buffer) or draining.locked(),
+            owed=bool(folder.ledger),
+        ):
             async with folder.busy:  # idle: the ledger's work, done before a close needs it
                 settling = time.perf_counter()
                 folder.ledger.settle()

@@ -38,10 +38,13 @@ def test_the_idle_time_comes_from_the_environment_and_fits_the_batch_time(
 
 def test_what_folds_owe_is_put_in_once_the_input_is_caught_up() -> None:
     # Nothing buffered, nothing for 60 ms, batches owed: settle before a close needs it.
-    assert settle_due(S, now=10.0, newest=9.94, buffered=False, owed=True)
+    assert settle_due(S, now=10.0, moved=9.94, buffered=False, owed=True)
 
 
 def test_what_folds_owe_waits_while_input_comes_or_nothing_is_owed() -> None:
-    assert not settle_due(S, now=10.0, newest=9.99, buffered=False, owed=True)  # input comes
-    assert not settle_due(S, now=10.0, newest=9.0, buffered=True, owed=True)  # a batch waits
-    assert not settle_due(S, now=10.0, newest=9.0, buffered=False, owed=False)  # all put in
+    # A message came, or a batch was done with, 10 ms ago: more input may follow.
+    assert not settle_due(S, now=10.0, moved=9.99, buffered=False, owed=True)
+    # A batch waits, or is in hand: its fold reads the ledger anyway.
+    assert not settle_due(S, now=10.0, moved=9.0, buffered=True, owed=True)
+    # Everything is put in already.
+    assert not settle_due(S, now=10.0, moved=9.0, buffered=False, owed=False)

@@ -273,7 +273,7 @@ class Sketch:
     @property
     def n_values(self) -> int:
         if self._values is not None:
-            return int(self._values.size)
+            return self._values.size  # an int already (a close asks 100,000s of times)
         assert self._digest is not None
         return int(self._digest.n_values) + int(self._tail.size)
 

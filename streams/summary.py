@@ -96,7 +96,7 @@ def summarize_many(
                 rows[name] = _no_values()
     found = quantiles_many(sketches, qs)
     for (rows, name, n), values in zip(slots, found, strict=True):
-        rows[name] = dict(zip(_ROW, (n, *values), strict=True))
+        rows[name] = _row(n, values)
     shared: dict[int, tuple[_Rows, _Rows, list[str]]] = {}
     out = []
     for bucket, window_ms, thresholds in windows:
@@ -117,15 +117,20 @@ def summarize_many(
     return out
 
 
-#: Keys of a metric's row: its value count, then its percentiles.
-_ROW = ("count", *PERCENTILES)
+def _row(n: int, values: Sequence[float | None]) -> dict[str, float | int | None]:
+    """A metric's row: its value count, then its percentiles under the names of
+    :data:`PERCENTILES`, in order (a test holds the two together). Written out:
+    a minute's close builds tens of thousands of them, and a literal is four
+    times quicker than zipping the names."""
+    p50, p90, p95, p99, p999 = values
+    return {"count": n, "p50": p50, "p90": p90, "p95": p95, "p99": p99, "p999": p999}
 
 
-_NONE = (0, *(None for _ in PERCENTILES))
+_NO_PERCENTILES = (None,) * len(PERCENTILES)
 
 
 def _no_values() -> dict[str, float | int | None]:
-    return dict(zip(_ROW, _NONE, strict=True))
+    return _row(0, _NO_PERCENTILES)
 
 
 def _summary(

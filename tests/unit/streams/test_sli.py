@@ -16,6 +16,7 @@ from tailguard.streams import (
     summarize_many,
 )
 from tailguard.streams.sli import tpot_ms
+from tailguard.streams.summary import PERCENTILES
 
 MakeEvent = Callable[..., Any]
 MakeWindows = Callable[..., SeriesWindows]
@@ -242,6 +243,22 @@ def test_summary_publishes_every_percentile_of_every_metric(
         assert set(row) == {"count", "p50", "p90", "p95", "p99", "p999"}
         assert row["count"] == 1
         assert row["p50"] == row["p999"] == pytest.approx(value)
+
+
+def test_a_row_holds_the_count_then_each_named_percentile_in_order(
+    one_minute: Callable[..., SeriesWindows], make_windows: MakeWindows
+) -> None:
+    windows = one_minute(*({"ttft_ms": float(v)} for v in range(1, 1_001)))
+    window = windows.window(ONE_MINUTE)
+    row = summarize(window, ONE_MINUTE, windows.thresholds).latency["ttft_ms"]
+    assert list(row) == ["count", *PERCENTILES]
+    assert row["count"] == 1_000
+    sketch = window.digests["ttft_ms"]
+    assert [row[name] for name in PERCENTILES] == sketch.quantiles(list(PERCENTILES.values()))
+    assert row["p50"] < row["p90"] < row["p95"] < row["p99"] < row["p999"]
+    nothing = make_windows()
+    empty = summarize(nothing.window(ONE_MINUTE), ONE_MINUTE, nothing.thresholds).latency
+    assert empty["ttft_ms"] == dict.fromkeys(["count", *PERCENTILES]) | {"count": 0}
 
 
 def test_windows_summarised_together_match_each_summarised_alone(

@@ -34,6 +34,7 @@ a batch rewrites only the buckets it touched (:meth:`SeriesWindows.take_changes`
 """
 
 import heapq
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from typing import Self
 
@@ -43,32 +44,24 @@ from tailguard.streams.bucket import Bucket, sum_counters
 from tailguard.streams.columns import Columns
 from tailguard.streams.counters import Counters
 from tailguard.streams.digest import READ_EXACT_LIMIT
-from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.fold_batch import Ledger
-from tailguard.streams.ring_store import Load, RingRecords, chains, restore_bucket
+from tailguard.streams.ring_store import (
+    Load,
+    RingMeta,
+    RingRecords,
+    chains,
+    decode_meta,
+    restore_tiers,
+)
 from tailguard.streams.sli import Thresholds
 from tailguard.streams.window_config import COARSE, FINE, WM_HISTORY, Changes, RingConfig
-from tailguard.streams.window_span import window_starts
+from tailguard.streams.window_span import window_starts, within_recent
 
 __all__ = ["SeriesRing", "met_watermark"]
 
 _STALE = object()
 #: Watermark that never triggers housekeeping (nothing is held).
 _NEVER = np.iinfo(np.int64).max
-
-
-class _Meta(msgspec.Struct, array_like=True):
-    watermark_ms: int | None
-    late: int
-    duplicates: int
-    rolled_through_ms: int | None
-    fine: list[int]
-    coarse: list[int]
-    counted: dict[int, int] = {}
-    wm_before: list[tuple[int, int, int | None]] = []
-    feeders: dict[int, int] = {}
-    #: ``start → (base, last version)`` of minute buckets stored with segments.
-    segments: dict[int, tuple[int, int]] = {}
 
 
 def met_watermark(current: int | None, feeders: dict[int, int]) -> int | None:
@@ -118,6 +111,9 @@ class SeriesRing:
         #: :meth:`_tiers` per (window, end), while the held buckets stay the same
         #: and until :meth:`release_window_cache` (a close reads a dozen windows).
         self._tiers_memo: dict[tuple[int, int], tuple[list[Bucket], list[Bucket]]] = {}
+        #: ``(end, span, tiers)``: every window of ``span`` or more ending at ``end``
+        #: reads ``tiers`` (all held minutes before it, none old: a young series).
+        self._recent: tuple[int, int, tuple[list[Bucket], list[Bucket]]] | None = None
         #: Cached :meth:`_due` (``_STALE``: recompute).
         self._due_ms: int | object | None = _STALE
         #: Whether a restore left buckets awaiting a refill (see :meth:`awaiting_refill`).
@@ -320,6 +316,7 @@ class SeriesRing:
         if self._order is None:
             self._order = (sorted(self.fine), sorted(self.coarse))
             self._tiers_memo.clear()
+            self._recent = None
         return self._order
 
     def _tiers(self, window_ms: int, end_ms: int | None) -> tuple[list[Bucket], list[Bucket]]:
@@ -330,12 +327,24 @@ class SeriesRing:
         if end is None:
             return [], []
         minutes, hours = self._ordered()
+        recent = self._recent
+        if recent is not None and recent[0] == end and window_ms >= recent[1]:
+            return recent[2]
         memo = self._tiers_memo.get((window_ms, end))
         if memo is not None:
             return memo
         used, fine = window_starts(minutes, hours, self.config, window_ms, end)
         tiers = [self.coarse[h] for h in used], [self.fine[m] for m in fine]
         self._tiers_memo[(window_ms, end)] = tiers
+        if (
+            not hours
+            and fine
+            and len(fine) == bisect_left(minutes, end)
+            and within_recent(fine, self.config, window_ms, end)
+        ):
+            # Every held minute before the end, all recent: any window reaching
+            # the oldest reads them all (window_starts' shortcut).
+            self._recent = (end, end - fine[0], tiers)
         return tiers
 
     def window(self, window_ms: int, end_ms: int | None = None) -> Bucket:
@@ -381,12 +390,17 @@ class SeriesRing:
         windows often do, open minute included), so a reader summarising them does it once."""
         out: list[Bucket] = []
         seen: dict[tuple[int, ...], Bucket] = {}
+        same: dict[int, Bucket] = {}  # by the tiers object, when _tiers gave one again
         for window_ms in windows_ms:
-            hours, minutes = self._tiers(window_ms, end_ms)
-            key = (*map(id, hours), -1, *map(id, minutes))
-            merged = seen.get(key)
+            tiers = self._tiers(window_ms, end_ms)
+            merged = same.get(id(tiers))
             if merged is None:
-                merged = seen[key] = self._merged(hours, minutes, end_ms)
+                hours, minutes = tiers
+                key = (*map(id, hours), -1, *map(id, minutes))
+                merged = seen.get(key)
+                if merged is None:
+                    merged = seen[key] = self._merged(hours, minutes, end_ms)
+                same[id(tiers)] = merged
             out.append(merged)
         return out
 
@@ -396,6 +410,7 @@ class SeriesRing:
         self._closed_cache.clear()
         self._counter_cache.clear()
         self._tiers_memo.clear()
+        self._recent = None
 
     def exemplars(self, window_ms: int, end_ms: int | None = None, k: int = 5) -> list[str]:
         """Trace ids of the ``k`` slowest requests (by E2E) of a window, slowest first."""
@@ -424,7 +439,7 @@ class SeriesRing:
 
     # ----------------------------------------------------------------- storage
     def meta_bytes(self) -> bytes:
-        meta = _Meta(
+        meta = RingMeta(
             watermark_ms=self.watermark_ms,
             late=self.late,
             duplicates=self.duplicates,
@@ -465,36 +480,16 @@ class SeriesRing:
         meta's record and not its) restores as empty: its input will be
         replayed, and per-bucket ``applied`` offsets fill it exactly once.
         """
-        try:
-            m = msgspec.msgpack.decode(meta, type=_Meta)
-        except msgspec.DecodeError as exc:
-            msg = f"series meta state does not decode ({exc})"
-            raise CorruptStateError(msg) from exc
+        m = decode_meta(meta)
         state = cls(config, thresholds)
         state.watermark_ms = m.watermark_ms
         state.late = m.late
         state.duplicates = m.duplicates
-        state._rolled_through_ms = m.rolled_through_ms
         state._counted = dict(m.counted)
         state._wm_before = {(p, o): w for p, o, w in m.wm_before}
         state.feeders = dict(m.feeders)
-        for tier, starts, store in ((FINE, m.fine, state.fine), (COARSE, m.coarse, state.coarse)):
-            for start in starts:
-                chain = m.segments.get(start) if tier == FINE else None
-                bucket = restore_bucket(tier, start, chain, load)
-                if bucket is None:
-                    if tier == FINE:
-                        # Its next records take versions past the lost ones.
-                        version = chain[1] if chain else 0
-                        store[start] = Bucket(start_ms=start, refill=True, version=version)
-                        state._refilling = True
-                    elif state._rolled_through_ms is not None:
-                        # Let the hour be rolled up again from its minute buckets.
-                        state._rolled_through_ms = min(state._rolled_through_ms, start)
-                    continue
-                store[start] = bucket
-                for p, o in bucket.applied.items():
-                    if o > state._applied_floor.get(p, -1):
-                        state._applied_floor[p] = o
+        tiers = restore_tiers(m, load)
+        state.fine, state.coarse, state._refilling = tiers.fine, tiers.coarse, tiers.refilling
+        state._rolled_through_ms, state._applied_floor = tiers.rolled_through_ms, tiers.applied
         state._order = None
         return state

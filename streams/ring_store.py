@@ -14,15 +14,51 @@ then the deletes, each step delivered before the next) is the caller's:
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import msgspec
 from tailguard.streams.bucket import Bucket
 from tailguard.streams.bucket_log import apply_segment, mark_stored, segment_bytes
+from tailguard.streams.errors import CorruptStateError
 from tailguard.streams.window_config import COARSE, FINE, Changes, RecordKey
 
-__all__ = ["Load", "RingRecords", "chains", "restore_bucket"]
+__all__ = [
+    "Load",
+    "RestoredTiers",
+    "RingMeta",
+    "RingRecords",
+    "chains",
+    "decode_meta",
+    "restore_bucket",
+    "restore_tiers",
+]
 
 #: Reads one stored record (None: not in the store).
 Load = Callable[[RecordKey], bytes | None]
+
+
+class RingMeta(msgspec.Struct, array_like=True):
+    """A ring's meta value: its watermarks and tallies, and the buckets it holds."""
+
+    watermark_ms: int | None
+    late: int
+    duplicates: int
+    rolled_through_ms: int | None
+    fine: list[int]
+    coarse: list[int]
+    counted: dict[int, int] = {}
+    wm_before: list[tuple[int, int, int | None]] = []
+    feeders: dict[int, int] = {}
+    #: ``start → (base, last version)`` of minute buckets stored with segments.
+    segments: dict[int, tuple[int, int]] = {}
+
+
+def decode_meta(meta: bytes) -> RingMeta:
+    try:
+        return msgspec.msgpack.decode(meta, type=RingMeta)
+    except msgspec.DecodeError as exc:
+        msg = f"series meta state does not decode ({exc})"
+        raise CorruptStateError(msg) from exc
 
 
 def _segments(tier: str, start: int, bucket: Bucket, upto: int) -> list[RecordKey]:
@@ -119,3 +155,42 @@ def restore_bucket(
                 break
     bucket.version = max(bucket.version, last)
     return bucket
+
+
+@dataclass(slots=True)
+class RestoredTiers:
+    """A ring's buckets as :func:`restore_tiers` read them back."""
+
+    fine: dict[int, Bucket]
+    coarse: dict[int, Bucket]
+    #: Whether a minute bucket came back empty, awaiting the replay of its input.
+    refilling: bool
+    #: Through where hours are rolled up (moved back before a lost hour).
+    rolled_through_ms: int | None
+    #: Highest input offset per partition any restored bucket had applied.
+    applied: dict[int, int]
+
+
+def restore_tiers(meta: RingMeta, load: Load) -> RestoredTiers:
+    """Every bucket ``meta`` lists, read back (:func:`restore_bucket`). A minute
+    bucket whose whole record is lost comes back empty, awaiting a refill, its
+    next records numbered past the lost ones; a lost hour is rolled up again
+    from its minute buckets."""
+    out = RestoredTiers({}, {}, False, meta.rolled_through_ms, {})
+    for tier, starts, store in ((FINE, meta.fine, out.fine), (COARSE, meta.coarse, out.coarse)):
+        for start in starts:
+            chain = meta.segments.get(start) if tier == FINE else None
+            bucket = restore_bucket(tier, start, chain, load)
+            if bucket is None:
+                if tier == FINE:
+                    version = chain[1] if chain else 0
+                    store[start] = Bucket(start_ms=start, refill=True, version=version)
+                    out.refilling = True
+                elif out.rolled_through_ms is not None:
+                    out.rolled_through_ms = min(out.rolled_through_ms, start)
+                continue
+            store[start] = bucket
+            for p, o in bucket.applied.items():
+                if o > out.applied.get(p, -1):
+                    out.applied[p] = o
+    return out

@@ -66,3 +66,36 @@ def test_a_remembered_window_follows_the_buckets_as_they_come(
         want_hours, want_minutes = every_minute_checked(ring, window_min * MINUTE, end)
         assert [b.start_ms for b in got_hours] == want_hours
         assert [b.start_ms for b in got_minutes] == want_minutes
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ages=st.sets(st.integers(-3, 130), min_size=1, max_size=30),
+    hours_ago=st.sets(st.integers(3, 6), max_size=2),
+    windows=st.lists(
+        st.one_of(st.sampled_from([1, 5, 30, 60, 120, 360, 1440, 4320]), st.integers(1, 400)),
+        min_size=2,
+        max_size=10,
+    ),
+    new_age=st.integers(-3, 130),
+)
+def test_windows_read_one_after_another_hold_what_each_holds_read_alone(
+    ages: set[int], hours_ago: set[int], windows: list[int], new_age: int
+) -> None:
+    """A close reads a dozen windows of one end in turn, and a window that holds
+    every held minute, all recent, is remembered for every longer one: each read
+    still holds what a minute-by-minute check finds, minutes held past the end,
+    older than the recent horizon or in whole hours included, and a bucket made
+    between reads is seen."""
+    end = 100 * HOUR
+    ring = SeriesRing(RingConfig())
+    ring.coarse = {end - h * HOUR: Bucket.empty(end - h * HOUR) for h in hours_ago}
+    ring.fine = {end - a * MINUTE: Bucket.empty(end - a * MINUTE) for a in ages}
+    for _ in range(2):
+        for window_min in windows:
+            got_hours, got_minutes = ring._tiers(window_min * MINUTE, end)
+            want_hours, want_minutes = every_minute_checked(ring, window_min * MINUTE, end)
+            assert [b.start_ms for b in got_hours] == want_hours
+            assert [b.start_ms for b in got_minutes] == want_minutes
+        if end - new_age * MINUTE not in ring.fine:
+            ring._new_fine(end - new_age * MINUTE)

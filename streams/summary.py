@@ -10,9 +10,9 @@
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from tailguard.streams.attribution import STAGE_PREFIX
 from tailguard.streams.bucket import METRICS, Bucket
 from tailguard.streams.digest import Sketch, quantiles_many, to_tdigest_dict
@@ -30,9 +30,10 @@ PERCENTILES: dict[str, float] = {
 }
 
 
-@dataclass(slots=True)
-class WindowSummary:
-    """SLI figures of one series over one window."""
+class WindowSummary(msgspec.Struct):
+    """SLI figures of one series over one window (a struct: a close makes
+    tens of thousands, and a struct is built several times quicker than a
+    dataclass)."""
 
     window_ms: int
     count: int
@@ -47,7 +48,7 @@ class WindowSummary:
     exemplars: list[str]
     digests: dict[str, dict[str, Any]] | None = None
     #: Per-stage percentiles (``stages_ms`` of the events), by stage name.
-    stages: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
+    stages: dict[str, dict[str, float | int | None]] = {}
 
 
 #: A metric's (or stage's) row per name: ``count`` and its percentiles.

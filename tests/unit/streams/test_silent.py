@@ -1,5 +1,6 @@
 """Silent SLO collapse: baseline learning, the firing rule and the breach lifecycle."""
 
+import msgspec
 import pytest
 from tailguard.streams.errors import ConfigError
 from tailguard.streams.silent import (
@@ -166,9 +167,7 @@ def test_the_policy_refuses_nonsense() -> None:
 
 
 def test_a_minute_read_over_a_longer_window_keeps_its_counts_and_spreads_its_rate() -> None:
-    from dataclasses import replace
-
     minute = stats(MIN, stages={"prefill": 250.0})
     short = minute.over(POLICY.short_window_ms)
-    assert short == replace(minute, window_ms=POLICY.short_window_ms)
+    assert short == msgspec.structs.replace(minute, window_ms=POLICY.short_window_ms)
     assert short.rate_rps == pytest.approx(minute.rate_rps * MIN / POLICY.short_window_ms)

@@ -60,7 +60,7 @@ from tailguard.agents.internal import series_key
 from tailguard.agents.outputs import OutputError, Outputs
 from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
-from tailguard.agents.sli_payload import final_cadence_ms, payload_of
+from tailguard.agents.sli_payload import payload_of, windows_due
 from tailguard.agents.state import CachedSeries, SeriesStore
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.telemetry import Telemetry
@@ -241,13 +241,9 @@ class SeriesFolder:
         """The windows of ``series`` to publish for ``end_ms``, merged now (what a
         final read sees must not depend on how far the watermark goes on);
         windows holding the same buckets share one merge, summarised once."""
-        names = self._final_windows(end_ms) if final else list(self.settings.sli_windows)
-        merged = state.windows([WINDOWS[window] for window in names], end_ms)
+        names, lengths = windows_due(tuple(self.settings.sli_windows), end_ms if final else None)
+        merged = state.windows(lengths, end_ms)
         return [(series, state, w, end_ms, b) for w, b in zip(names, merged, strict=True)]
-
-    def _final_windows(self, end_ms: int) -> list[str]:
-        """The windows whose final snapshot is due at a minute ending at ``end_ms``."""
-        return [w for w in self.settings.sli_windows if not end_ms % final_cadence_ms(w)]
 
     def snapshots(
         self,

@@ -4,13 +4,14 @@ The folder publishes them at every closed minute (final) and between closes
 (provisional); the admin plane's state query builds one on demand.
 """
 
+import functools
 import hashlib
 from typing import Any
 
 from tailguard.agents.internal import series_key
 from tailguard.streams import WINDOWS, SeriesWindows, WindowSummary, summarize
 
-__all__ = ["SLI_SCHEMA", "final_cadence_ms", "payload_of", "snapshot_payload"]
+__all__ = ["SLI_SCHEMA", "final_cadence_ms", "payload_of", "snapshot_payload", "windows_due"]
 
 SLI_SCHEMA = "tailguard.sli.v1"
 
@@ -30,6 +31,19 @@ def final_cadence_ms(window: str) -> int:
     if ms <= 3_600_000:
         return 300_000
     return 3_600_000
+
+
+@functools.lru_cache(maxsize=64)
+def windows_due(
+    windows: tuple[str, ...], end_ms: int | None
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Names and lengths of the windows of a read ending at ``end_ms``: those whose
+    final snapshot is due then (None: all, a provisional read). Read them, do not
+    change them: every close of a minute asks for the same."""
+    names = (
+        windows if end_ms is None else tuple(w for w in windows if not end_ms % final_cadence_ms(w))
+    )
+    return names, tuple(WINDOWS[w] for w in names)
 
 
 def snapshot_payload(

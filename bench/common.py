@@ -23,9 +23,16 @@ def write_result(name: str, result: dict[str, Any]) -> None:
     (REPO / "bench" / "results" / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
 
 
+def _tail(log_path: Path, size: int = 65536) -> bytes:
+    """The last ``size`` bytes of a log (read often, while the log grows: not all of it)."""
+    with log_path.open("rb") as f:
+        f.seek(max(f.seek(0, os.SEEK_END) - size, 0))
+        return f.read()
+
+
 def worker_counters(log_path: Path) -> tuple[int, int]:
     """(applied, late) from a worker's last counters line."""
-    found = _STATS.findall(log_path.read_bytes()[-65536:])  # other lines may come between
+    found = _STATS.findall(_tail(log_path))  # other lines may come between
     return (int(found[-1][0]), int(found[-1][1])) if found else (0, 0)
 
 
@@ -36,13 +43,13 @@ _CLOSE = re.compile(rb"close_s=([\d.]+)")
 def worker_paths(log_path: Path) -> tuple[int, int]:
     """(local, forwarded) valid events from a worker's last counters line: folded on
     the partition they came in on, and forwarded through the internal topic."""
-    found = _PATHS.findall(log_path.read_bytes()[-65536:])
+    found = _PATHS.findall(_tail(log_path))
     return (int(found[-1][0]), int(found[-1][1])) if found else (0, 0)
 
 
 def worker_close_s(log_path: Path) -> float:
     """Seconds the worker spent closing minutes, from its last counters line."""
-    found = _CLOSE.findall(log_path.read_bytes()[-65536:])
+    found = _CLOSE.findall(_tail(log_path))
     return float(found[-1]) if found else 0.0
 
 
@@ -51,7 +58,7 @@ _CHECKPOINTS = re.compile(rb"checkpoints=(\d+) checkpoint_s=([\d.]+)")
 
 def worker_checkpoints(log_path: Path) -> tuple[int, float]:
     """(checkpoints, seconds spent in them) from a worker's last counters line."""
-    found = _CHECKPOINTS.findall(log_path.read_bytes()[-65536:])
+    found = _CHECKPOINTS.findall(_tail(log_path))
     return (int(found[-1][0]), float(found[-1][1])) if found else (0, 0.0)
 
 
@@ -66,7 +73,7 @@ def worker_stages(log_path: Path) -> dict[str, float]:
     decoding, dispatching (forwarding, A/B, prompts, capacity), folding (closes
     included), and of those or beside them closing minutes, checkpointing and
     collecting garbage."""
-    found = _STAGES.findall(log_path.read_bytes()[-65536:])
+    found = _STAGES.findall(_tail(log_path))
     if not found:
         return {}
     checkpoint, close, gc, decode, dispatch, fold = (float(v) for v in found[-1])

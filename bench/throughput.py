@@ -49,6 +49,13 @@ series' minute (final 1m, 5m and 1h snapshots, SLO and silent evaluations),
 publishing and delivery. (Sent with the rest, they could land in the same
 ingest batch as the last requests, and the close was then hidden in that
 batch's fold: 0.1–0.2 s, against several seconds otherwise.)
+``read_lag_s`` is how long after the worker produced the last of those snapshots
+the reader had it (the record's timestamp against the reader's clock): the
+reader waits at most ``READ_WAIT_S`` (20 ms) for more records before it looks
+at what it read. ``close_floor_s`` is the part of ``close_minute_s`` that is
+not the worker's: the broker's round trip of the closing requests and of the
+30,000 snapshot records with a bare process in the worker's place
+(:mod:`bench.close_floor`, the fastest of three rounds).
 ``close_s_in_worker`` is the worker's own count (``close_s`` of its counters
 line, ``tailguard_close_seconds`` on /metrics): the time it spent closing
 minutes — final snapshots, SLO and silent evaluations — over the whole run.
@@ -74,11 +81,12 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from tailguard.schemas import InferenceEvent
 from tailguard.schemas.columnar import InferenceColumns, is_columnar
 
+from bench import close_floor
 from bench.common import (
     broker_pids,
     cpu_seconds,
@@ -91,34 +99,22 @@ from bench.common import (
     worker_stages,
     write_result,
 )
+from bench.kafka_io import BROKER, READ_WAIT_S, preload, read_snapshot
 from bench.memory import RssSampler, proc_memory, replay
 from bench.workload import PARTITIONS, PER_MESSAGE, PER_MS, Placed, make_placed_workload
 from tailguard.catalogue import catalogue
 from tailguard.kafka_admin import create_topics
 
-BROKER = os.environ.get("TAILGUARD_BROKER", "127.0.0.1:19092")
 EVENTS = int(os.environ.get("BENCH_EVENTS", "600000"))
 SERIES = int(os.environ.get("BENCH_SERIES", "10000"))
 #: How the benchmark's producer writes messages: ``columns`` (what this project's
 #: producers send) or ``rows`` (a JSON array of request objects).
 ENCODING = os.environ.get("BENCH_ENCODING", "columns")
+#: Rounds of the close's floor (:mod:`bench.close_floor`); the fastest counts.
+FLOOR_ROUNDS = 3
 SWEEP = [int(x) for x in os.environ.get("BENCH_SERIES_SWEEP", "100").split(",") if x.strip()]
 #: Events of the sustained run (30 s of event time at 100,000 requests/s; 0 to skip).
 SUSTAINED = int(os.environ.get("BENCH_SUSTAINED_EVENTS", "3000000") or 0)
-
-
-def preload(topic: str, msgs: list[tuple[int | None, bytes]]) -> None:
-    """Messages with a partition go there; the others are spread by key over all."""
-    p = Producer({"bootstrap.servers": BROKER, "linger.ms": 20, "compression.type": "lz4"})
-    for i, (part, m) in enumerate(msgs):
-        where = {} if part is None else {"partition": part}
-        while True:
-            try:
-                p.produce(topic, m, key=str(i % 64).encode(), **where)
-                break
-            except BufferError:
-                p.poll(0.05)
-    assert p.flush(120) == 0
 
 
 def ceiling(topic: str, n_msgs: int) -> tuple[float, int]:
@@ -156,22 +152,6 @@ def ceiling(topic: str, n_msgs: int) -> tuple[float, int]:
     return elapsed, events
 
 
-class _Snapshot(msgspec.Struct):
-    """What the benchmark reads of a snapshot. A typed decode of these fields costs
-    ~1.5 µs a record against ~17 for ``json.loads`` of the whole: the reader
-    shares the cores with the worker and the broker, and a minute's close
-    publishes 30,000 snapshots at 10,000 series."""
-
-    final: bool
-    window: str
-    event_id: str
-    count: int
-    series: msgspec.Raw
-
-
-_read_snapshot = msgspec.json.Decoder(_Snapshot).decode
-
-
 def _ready(log_path: Path) -> bool:
     return b"Ready" in log_path.read_bytes()
 
@@ -189,7 +169,7 @@ def run_worker(prefix: str, app_id: str, total: int, closing: Placed) -> dict[st
         "TAILGUARD_TOPIC_PREFIX": prefix,
         "TAILGUARD_APP_ID": app_id,
         "TAILGUARD_PARTITIONS": str(PARTITIONS),
-        "TAILGUARD_STATS_INTERVAL_S": "0.2",
+        "TAILGUARD_STATS_INTERVAL_S": "0.05",  # the bench sees "all applied" this late at most
         "BENCH_PROBE_OUT": str(data / "probe.json"),
     }
     log_path = data / "worker.log"
@@ -236,6 +216,7 @@ def run_worker(prefix: str, app_id: str, total: int, closing: Placed) -> dict[st
     counted = 0
     deadline = time.monotonic() + 1200
     done_at = None
+    last_sent_ms = 0  # when the worker produced the last final 1-minute snapshot read
     sampler = RssSampler(proc.pid).start()
     brokers = broker_pids()
     cpu_at_ready = (0.0, 0.0)
@@ -255,19 +236,21 @@ def run_worker(prefix: str, app_id: str, total: int, closing: Placed) -> dict[st
                 applied_at = time.perf_counter()
                 preload(prefix + "tailguard.inference", closing)
                 closing_at = time.perf_counter()
-            for m in c.consume(5000, timeout=0.2):
+            for m in c.consume(5000, timeout=READ_WAIT_S):
                 if m.error():
                     continue
-                snap = _read_snapshot(m.value())
+                snap = read_snapshot(m.value())
                 if snap.final and snap.window == "1m" and snap.event_id not in seen:
                     seen.add(snap.event_id)
                     counted += snap.count
+                    last_sent_ms = max(last_sent_ms, m.timestamp()[1])
                     series.add(bytes(snap.series))  # the worker writes a series one way
             # Late requests (a series' events reach the worker through four input
             # partitions; one running ahead can make another's stragglers late)
             # are in no snapshot's count: the worker's own counter accounts for them.
             if applied_at is not None and counted + late_total >= total:
                 done_at = time.perf_counter()
+                read_lag_s = time.time() - last_sent_ms / 1000
                 cpu_at_done = (cpu_seconds([proc.pid]), cpu_seconds(brokers))
                 break
         if done_at is None:
@@ -301,6 +284,7 @@ def run_worker(prefix: str, app_id: str, total: int, closing: Placed) -> dict[st
         "seconds": done_at - t0,
         "applied_s": (applied_at or done_at) - t0,
         "close_minute_s": done_at - (closing_at or done_at),
+        "read_lag_s": read_lag_s,
         "close_s": close_s,
         "checkpoints": checkpoints,
         "stages_s": stages,
@@ -382,6 +366,7 @@ def summary(w: dict[str, Any], ceil_eps: float, n_series: int, by_series: bool) 
         "forwarded_share": w["forwarded_share"],
         "seconds": round(w["seconds"], 2),
         "close_minute_s": round(w["close_minute_s"], 2),
+        "read_lag_s": round(w["read_lag_s"], 3),
         "close_s_in_worker": round(w["close_s"], 2),
         "checkpoints": w["checkpoints"][0],
         "checkpoint_s_in_worker": w["checkpoints"][1],
@@ -431,6 +416,8 @@ def main() -> None:
     w = run_worker(prefix, f"bench-{tag}", EVENTS, closing)
     eps = EVENTS / w["seconds"]
     print(f"{SERIES} series, by series: {eps:,.0f} events/s", flush=True)
+    floor_s = min(close_floor.measure(closing, SERIES) for _ in range(FLOOR_ROUNDS))
+    print(f"close floor (broker round trip alone): {floor_s:.2f} s", flush=True)
     at_random = summary(measure(SERIES, by_series=False), ceil_eps, SERIES, False)
     other = "rows" if ENCODING == "columns" else "columns"
     other_encoding = {
@@ -460,6 +447,8 @@ def main() -> None:
         "seconds": round(w["seconds"], 2),
         "applied_per_s": round(EVENTS / w["applied_s"]),
         "close_minute_s": round(w["close_minute_s"], 2),
+        "read_lag_s": round(w["read_lag_s"], 3),
+        "close_floor_s": round(floor_s, 2),
         "close_s_in_worker": round(w["close_s"], 2),
         "checkpoints": w["checkpoints"][0],
         "checkpoint_s_in_worker": w["checkpoints"][1],

@@ -120,7 +120,7 @@ def stand_in(in_topic: str, out_topic: str, n_msgs: int, n_series: int) -> None:
     while seen < n_msgs:
         for m in c.consume(1000, timeout=0.02):
             if not m.error():
-                decode(m.value())
+                decode(m.value() or b"")
                 seen += 1
     for key, value, headers in records:
         while True:
@@ -172,7 +172,7 @@ def measure(closing: Placed, n_series: int) -> float:
         deadline = time.monotonic() + 120
         while read < n_series and time.monotonic() < deadline:
             for m in reader.consume(5000, timeout=READ_WAIT_S):
-                if not m.error() and read_snapshot(m.value()).window == "1m":
+                if not m.error() and read_snapshot(m.value() or b"").window == "1m":
                     read += 1
         if read < n_series:
             raise SystemExit(f"close floor: {read}/{n_series} snapshots read back in time")

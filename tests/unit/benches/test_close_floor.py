@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import msgspec
+
 from bench.close_floor import snapshot_records
 from bench.common import worker_counters
 from bench.kafka_io import read_snapshot

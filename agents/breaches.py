@@ -60,12 +60,23 @@ from tailguard.streams.silent import (
     stats_of,
 )
 
-__all__ = ["BREACH_SCHEMA", "BreachEngine", "breach_payload", "silent_payload", "window_stats"]
+__all__ = [
+    "BREACH_SCHEMA",
+    "BreachEngine",
+    "Summarised",
+    "breach_payload",
+    "silent_payload",
+    "window_stats",
+]
 
 BREACH_SCHEMA = "tailguard.breach.v1"
 _SEP = "\x1f"
 _SILENT = "~silent"
 _MINUTE_MS = 60_000
+#: Windows a minute's close read and summarised, by ``(id(ring), window_ms, end_ms)``:
+#: the merged bucket and its summary. Valid while the close runs (nothing is folded
+#: in between, and every ring it names is alive).
+Summarised = Mapping[tuple[int, int, int], tuple[Bucket, WindowSummary | None]]
 
 
 def window_stats(
@@ -336,22 +347,28 @@ class BreachEngine:
         key: str,
         cached: CachedSeries,
         end_ms: int,
-        summarised: Mapping[int, tuple[Bucket, WindowSummary]] | None = None,
+        summarised: Summarised | None = None,
     ) -> list[SilentTransition]:
         """Judge the short window ending at ``end_ms`` for a silent collapse; learn the minute.
 
-        ``summarised``: merged windows the close summarised already, by ``id``
-        (with the bucket, so that an id is never taken for another's)."""
+        ``summarised``: the windows a close read and summarised already (see
+        :data:`Summarised`); the minute and the short window are read again only
+        when they are not there."""
         skey, state = self._silent_state(key, cached.partition)
         short_ms = self.silent.short_window_ms
-        minute_bucket, short_bucket = cached.state.windows([_MINUTE_MS, short_ms], end_ms)
-        known = summarised.get(id(minute_bucket)) if summarised else None
-        summary = known[1] if known is not None and known[0] is minute_bucket else None
-        minute = window_stats(minute_bucket, _MINUTE_MS, summary)
+        ring = id(cached.state)
+        minute_read = summarised.get((ring, _MINUTE_MS, end_ms)) if summarised else None
+        short_read = summarised.get((ring, short_ms, end_ms)) if summarised else None
+        if minute_read is None or short_read is None:
+            minute_bucket, short_bucket = cached.state.windows([_MINUTE_MS, short_ms], end_ms)
+            minute_read = (minute_bucket, minute_read[1] if minute_read else None)
+            short_read = (short_bucket, None)
+        minute_bucket, short_bucket = minute_read[0], short_read[0]
+        minute = window_stats(minute_bucket, _MINUTE_MS, minute_read[1])
         short = (
             minute.over(short_ms)  # a young series: the same buckets
             if short_bucket is minute_bucket
-            else window_stats(short_bucket, short_ms)
+            else window_stats(short_bucket, short_ms, short_read[1])
         )
         new, transitions = advance_silent(state, end_ms, minute, short, self.silent)
         if new is not state:

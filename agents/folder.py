@@ -80,6 +80,8 @@ Outgoing = list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]
 Read = tuple[Series, SeriesWindows, str, int, Bucket]
 #: A minute of a series that closed: the series, its key, its state, its SLOs, the end.
 Close = tuple[Series, str, CachedSeries, list[Any], int]
+#: The windows a close read, for the silent detector (:data:`breaches.Summarised`).
+Summarised = dict[tuple[int, int, int], tuple[Bucket, WindowSummary | None]]
 #: Series remembered as fed through the forward path (forgotten all at once past it).
 _MAX_FORWARDED_SERIES = 200_000
 #: Closes summarised together at most (the percentile pass sorts sketches of one size
@@ -250,10 +252,10 @@ class SeriesFolder:
         reads: list[Read],
         *,
         final: bool,
-        minutes: dict[int, tuple[Bucket, WindowSummary]] | None = None,
+        summarised: Summarised | None = None,
     ) -> Outgoing:
-        """The snapshots of ``reads``, summarised together and framed; ``minutes``
-        gains each 1m window's summary, by the merged bucket's id."""
+        """The snapshots of ``reads``, summarised together and framed; ``summarised``
+        gains every window read, with its summary (see :data:`Summarised`)."""
         settings = self.settings
         now = int(time.time() * 1000)
         summaries = summarize_many(
@@ -267,8 +269,8 @@ class SeriesFolder:
                 self.telemetry.observe_sli(series, window, payload)
             value, headers = frame(payload, source=settings.source)
             out.append((self.sli_topic, series_key(*series).encode(), value, headers))
-            if minutes is not None and window == _POINT_WINDOW:  # the minute, as read
-                minutes[id(merged)] = (merged, summary)
+            if summarised is not None:
+                summarised[(id(state), summary.window_ms, end_ms)] = (merged, summary)
             if final and window == _POINT_WINDOW:
                 # The closed minute, for the interference detector of its deployment.
                 point = point_of(series, end_ms, summary)
@@ -326,12 +328,12 @@ class SeriesFolder:
             started = time.perf_counter()
             hi, reads = self._chunk_reads(closes, lo)
             chunk, lo = closes[lo:hi], hi
-            minutes: dict[int, tuple[Bucket, WindowSummary]] = {}
-            outgoing = self.snapshots(reads, final=True, minutes=minutes)
+            summarised: Summarised = {}
+            outgoing = self.snapshots(reads, final=True, summarised=summarised)
             judged = engine.evaluate_many(chunk)
             for (series, key, cached, _, end_ms), transitions in zip(chunk, judged, strict=True):
-                # The silent detector reads the minute the snapshots just summarised.
-                transitions += engine.evaluate_silent(key, cached, end_ms, minutes)
+                # The silent detector reads the windows the snapshots just summarised.
+                transitions += engine.evaluate_silent(key, cached, end_ms, summarised)
                 for value, headers in engine.payloads(transitions, series, cached, source):
                     outgoing.append((self.breach_topic, key.encode(), value, headers))
             for _, _, cached, _, _ in chunk:

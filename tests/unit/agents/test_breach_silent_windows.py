@@ -117,20 +117,65 @@ def test_the_minute_read_from_its_snapshot_summary_is_the_minute_read_from_its_s
     assert sorted(from_summary.stage_p99_ms) == (["prefill", "queue"] if stages else [])
 
 
-def test_a_summary_of_another_window_is_not_taken_for_the_minute() -> None:
+def test_a_summary_of_another_series_or_end_is_not_taken_for_the_minute() -> None:
     from tailguard.streams import summarize
 
     engine = BreachEngine(slos=default_slos(), state_table={}, gpu_table=None)
     state, other = history(2), history(3)
     end = T0 + 2 * MINUTE
+    short_ms = engine.silent.short_window_ms
     stranger = other.window(MINUTE, T0 + 3 * MINUTE)
-    wrong = summarize(stranger, MINUTE, other.thresholds)
-    minute = state.window(MINUTE, end)
+    wrong = (stranger, summarize(stranger, MINUTE, other.thresholds))
+    elsewhere = {
+        (id(other), MINUTE, end): wrong,  # another series' ring
+        (id(other), short_ms, end): wrong,
+        (id(state), MINUTE, end + MINUTE): wrong,  # another end of this one
+        (id(state), short_ms, end + MINUTE): wrong,
+    }
 
-    engine.evaluate_silent("k", CachedSeries(state, 0), end, {id(minute): (stranger, wrong)})
+    engine.evaluate_silent("k", CachedSeries(state, 0), end, elsewhere)
     learnt = next(iter(engine._states.values()))
     state.release_window_cache()
     plain = BreachEngine(slos=default_slos(), state_table={}, gpu_table=None)
     plain.evaluate_silent("k", CachedSeries(state, 0), end)
 
     assert learnt == next(iter(plain._states.values()))
+
+
+@pytest.mark.parametrize("minutes", [1, 2, 7])
+def test_windows_the_close_summarised_are_judged_as_reading_them_again_is(
+    minutes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tailguard.agents.breaches as breaches
+    from tailguard.streams import summarize
+
+    judged = []  # the minute's and the short window's figures, as the detector gets them
+
+    def spy(state, end_ms, minute, short, policy):  # type: ignore[no-untyped-def]
+        judged.append((minute, short))
+        return advance_silent(state, end_ms, minute, short, policy)
+
+    monkeypatch.setattr(breaches, "advance_silent", spy)
+    engine = BreachEngine(slos=default_slos(), state_table={}, gpu_table=None)
+    short_ms = engine.silent.short_window_ms
+    state = history(minutes)
+    end = T0 + minutes * MINUTE
+    minute, short = state.windows([MINUTE, short_ms], end)
+    read = {
+        (id(state), MINUTE, end): (minute, summarize(minute, MINUTE, state.thresholds)),
+        (id(state), short_ms, end): (short, summarize(short, short_ms, state.thresholds)),
+    }
+    assert (short is minute) == (minutes == 1)
+
+    engine.evaluate_silent("k", CachedSeries(state, 0), end, read)
+    learnt = next(iter(engine._states.values()))
+    state.release_window_cache()
+    plain = BreachEngine(slos=default_slos(), state_table={}, gpu_table=None)
+    plain.evaluate_silent("k", CachedSeries(state, 0), end)
+
+    assert learnt == next(iter(plain._states.values()))
+    assert SilentState.from_bytes(learnt).baseline.minutes == 1
+    (with_summaries, again) = judged
+    assert with_summaries == again
+    assert with_summaries[1].window_ms == short_ms
+    assert (with_summaries[1].requests > with_summaries[0].requests) == (minutes > 1)

@@ -75,7 +75,12 @@ def fold_and_record(
     now_ms: int | None = None,
 ) -> list[tuple[tuple[str, str, str, str], int]]:
     """Fold ``events`` of ``n_series`` series (placed before ``now_ms``, None:
-    now); every (series, minute end) that closed, in order."""
+    now); every (series, minute end) that closed, in order.
+
+    The rings hold their roll-ups and pruning, as the worker's do until it has
+    closed what a fold closed (:func:`tidy_after`): a close then reads what the
+    worker's reads, whichever minute of the hour it is (an hour rolled up
+    before the close would be read as a window of its own)."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     msgs = make_placed_messages(events, n_series, now_ms=now)
     closes: list[tuple[tuple[str, str, str, str], int]] = []
@@ -88,10 +93,16 @@ def fold_and_record(
         index = series_index(valid)
         for groups in group_by_partition(valid, positions, index, np.arange(len(valid))).values():
             names = groups.series
-            series = [states.setdefault(s, SeriesWindows(RingConfig())) for s in names]
+            series = [states.get(s) or _new_ring(states, s) for s in names]
             closers = [lambda end, s=s: closes.append((s, end)) for s in names]
             fold_many(series, groups.cols, groups.bounds, closers)
     return closes
+
+
+def _new_ring(states: dict[Any, SeriesWindows], series: Any) -> SeriesWindows:
+    state = states[series] = SeriesWindows(RingConfig())
+    state.tidy_held = True  # until the close has read it (see fold_and_record)
+    return state
 
 
 def _request(event_id: str, ts_ms: int) -> InferenceEvent:

@@ -128,6 +128,9 @@ class Bucket:
     #: since (None: its next record is whole).
     marks: dict[str, tuple[int, int]] | None = field(default=None, repr=False, compare=False)
     new_ids: list[int] | None = field(default=None, repr=False, compare=False)
+    #: The settle of its ledger at which a folded batch last gave it values
+    #: (:meth:`~tailguard.streams.fold_batch.Ledger.owes`; −1: never).
+    owed: int = field(default=-1, repr=False, compare=False)
 
     @classmethod
     def empty(cls, start_ms: int) -> "Bucket":

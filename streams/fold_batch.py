@@ -17,6 +17,7 @@ all candidates, and prompt tallies and stage digests (rare) are put in batch
 by batch, in order.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,26 +56,48 @@ class FoldBatch:
 class Ledger:
     """Batches folded since their buckets were last read (see the module docstring)."""
 
-    __slots__ = ("_batches", "_events")
+    __slots__ = ("_batches", "_events", "_generation")
 
     def __init__(self) -> None:
         self._batches: list[FoldBatch] = []
         self._events = 0
+        #: Settles so far: a bucket marked with the current one is owed values.
+        self._generation = 0
 
     def __bool__(self) -> bool:
         return bool(self._batches)
 
     def add(self, batch: FoldBatch) -> None:
+        for bucket in batch.buckets:
+            bucket.owed = self._generation
         self._batches.append(batch)
         self._events += batch.events
         if self._events >= MAX_HELD_EVENTS:
             self.settle()
+
+    def owes(self, bucket: Bucket) -> bool:
+        """Whether a batch held here has values for ``bucket``. Only open buckets can
+        be owed: a batch folds into open minutes (late requests and replays take
+        other paths), and a minute's bucket is settled before it closes."""
+        return bucket.owed == self._generation and bool(self._batches)
+
+    def settle_for(self, minutes: Sequence[Bucket]) -> None:
+        """Settle if a batch held here owes one of ``minutes`` (a series' minute
+        buckets in time order) values. Open minutes are the newest, and only they
+        can be owed (:meth:`owes`): the search stops at the first closed one."""
+        for bucket in reversed(minutes):
+            if bucket.ids is None:
+                return
+            if self.owes(bucket):
+                self.settle()
+                return
 
     def settle(self) -> None:
         """Put into every bucket what the batches owe it, oldest batch first."""
         batches, self._batches, self._events = self._batches, [], 0
         if not batches:
             return
+        self._generation += 1
         owners: list[Bucket] = []
         where: dict[int, int] = {}
         rows_of: list[np.ndarray] = []

@@ -212,8 +212,7 @@ class SeriesRing:
             self._refilling = False
 
     def settle(self) -> None:
-        """Put in what folds owe the buckets (:mod:`~tailguard.streams.fold_batch`).
-        Reads here settle first; code reading :attr:`fine` itself must too."""
+        """Put in what folds owe the buckets; code reading :attr:`fine` itself settles first."""
         if self.ledger:
             self.ledger.settle()
 
@@ -230,14 +229,16 @@ class SeriesRing:
         and pruning wait for :meth:`tidy`: windows ending at a closed end read the same
         events, and up to an hour the same minute buckets (an hour rolls up after its
         last minute's close)."""
-        self.settle()
         cfg = self.config
+        lag = cfg.bucket_ms + cfg.allowed_lateness_ms
+        due = {s: b for s, b in self.fine.items() if b.ids is not None and s + lag <= wm}
+        if self.ledger:  # only if it owes a bucket that closes: newer minutes wait for a read
+            self.ledger.settle_for(list(due.values()))
         closed: list[int] = []
-        for start, bucket in self.fine.items():
-            if bucket.ids is not None and start + cfg.bucket_ms + cfg.allowed_lateness_ms <= wm:
-                bucket.close()
-                self._touch(FINE, start)
-                closed.append(start + cfg.bucket_ms)
+        for start, bucket in due.items():
+            bucket.close()
+            self._touch(FINE, start)
+            closed.append(start + cfg.bucket_ms)
         closed.sort()
         if self.tidy_held:
             if on_close is not None:
@@ -320,9 +321,13 @@ class SeriesRing:
         return self._order
 
     def _tiers(self, window_ms: int, end_ms: int | None) -> tuple[list[Bucket], list[Bucket]]:
-        """The hour and the minute buckets a window holds, each in time order
-        (settled: every read of a window comes through here)."""
-        self.settle()
+        """The hour and the minute buckets a window holds, in time order, settled for the read."""
+        tiers = self._find_tiers(window_ms, end_ms)
+        if self.ledger:
+            self.ledger.settle_for(tiers[1])  # only if it owes one of them
+        return tiers
+
+    def _find_tiers(self, window_ms: int, end_ms: int | None) -> tuple[list[Bucket], list[Bucket]]:
         end = self.default_end() if end_ms is None else end_ms
         if end is None:
             return [], []

@@ -5,10 +5,11 @@ digest inputs and exemplar candidates of a batch in one numpy pass. Putting
 them into each bucket (the counters, four ``Sketch.add`` calls, exemplars)
 is per-bucket Python, the fold's largest part once a series has only a few
 requests a batch. So a batch is kept as a :class:`FoldBatch` in a
-:class:`Ledger`, and the ledger is settled when any series folded through it
-is read (a window, a close, a checkpoint): then each bucket gets one counters
-update and one ``Sketch.add`` per metric for all the batches since, the
-values grouped by bucket with one stable sort.
+:class:`Ledger`, and the ledger is settled when a read needs a bucket it owes
+values: a window holding an owed open minute, a minute that closes while owed,
+a checkpoint. Then each bucket gets one counters update and one ``Sketch.add``
+per metric for all the batches since, the values grouped by bucket with one
+stable sort.
 
 Settling gives the bytes the batch-by-batch fold gives: counters add up, a
 sketch's digest does not depend on how its values were batched

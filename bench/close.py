@@ -201,7 +201,14 @@ def steady_states(n_series: int) -> tuple[list[Any], dict[Any, SeriesWindows]]:
     return [(s, end) for s in states], states
 
 
-def closing_batch() -> tuple[float, float]:
+def closing_batch(
+    events: int = EVENTS,
+    n_series: int = SERIES,
+    now_ms: int | None = None,
+    *,
+    idle_settle: bool = False,
+    close: bool = True,
+) -> tuple[float, float]:
     """The batch that closes the minute, as the worker takes it: the benchmark's
     requests folded through one ledger (as the worker folds them, each batch put
     into the buckets at the next read), then its closing requests (one a series,
@@ -209,9 +216,13 @@ def closing_batch() -> tuple[float, float]:
     closed (:meth:`SeriesFolder.close_all`) and the windows rolled up after.
     Seconds for the whole batch, and for the closes within it: the rest is what
     closing costs the fold (each series' watermark moved, what the ledger owes
-    put in, the roll-ups), which ``close_s`` does not show."""
-    msgs, closing = make_placed_workload(EVENTS, SERIES, encoding="columns")
-    now = int(time.time() * 1000)
+    put in, the roll-ups), which ``close_s`` does not show.
+
+    ``idle_settle``: the ledger is settled before the closing batch, as the worker
+    settles it when the input pauses; ``close``: False stops before the closing
+    batch (what :mod:`bench.instructions` subtracts)."""
+    msgs, closing = make_placed_workload(events, n_series, encoding="columns", now_ms=now_ms)
+    now = int(time.time() * 1000) if now_ms is None else now_ms
     limits = Limits()
     states: dict[tuple[str, str, str, str], SeriesWindows] = {}
     ledger = Ledger()
@@ -247,6 +258,10 @@ def closing_batch() -> tuple[float, float]:
     gc.disable()  # as the ingest agent takes a batch
     for lo in range(0, len(msgs), BATCH):
         take(msgs[lo : lo + BATCH], lo)
+    if idle_settle:
+        ledger.settle()
+    if not close:
+        return 0.0, 0.0
     closes_s = 0.0
     started = time.perf_counter()
     take(closing, len(msgs))

@@ -22,7 +22,11 @@ It counts the minute's close the same way (``close_instructions_per_series``):
 on a fixed clock, then every minute that closed closed by the worker's own
 close (:meth:`~tailguard.agents.folder.SeriesFolder.close_all`: final
 snapshots, SLOs, the silent detector), less the same process folding alone.
-``python -m bench.instructions --close-only`` counts the close alone (~4 min),
+``closing_batch_instructions_per_series`` counts the whole batch that closes
+the minute the same way (decoding, grouping, the fold, the closes, the
+roll-ups after), the ledger settled before it as the worker settles it when
+the input pauses (:func:`bench.close.closing_batch`).
+``python -m bench.instructions --close-only`` counts the close and the closing batch (~8 min),
 ``--hot-only`` the hot path alone (~5 min); neither writes the results file.
 """
 
@@ -149,6 +153,26 @@ def _instructions(args: list[str]) -> int:
     raise RuntimeError(msg)
 
 
+def _closing(only_fold: bool) -> None:
+    """The measured process of the closing batch: ``CLOSE_SERIES`` series' minute
+    folded, the ledger settled as at an idle moment, then (unless ``only_fold``)
+    the batch that closes the minute, as the worker takes it (:func:`close.closing_batch`)."""
+    import gc
+
+    from bench import close
+
+    gc.freeze()
+    close.closing_batch(
+        CLOSE_SERIES * 60, CLOSE_SERIES, NOW_MS, idle_settle=True, close=not only_fold
+    )
+
+
+def _closing_count() -> dict[str, Any]:
+    total = _instructions(["--closing"])
+    base = _instructions(["--closing", "--only-fold"])
+    return {"closing_batch_instructions_per_series": round((total - base) / CLOSE_SERIES)}
+
+
 def _close_count() -> dict[str, Any]:
     total = _instructions(["--close"])
     base = _instructions(["--close", "--only-fold"])
@@ -185,7 +209,7 @@ def main(close_only: bool, hot_only: bool = False) -> None:
             "instructions_per_event": round((total - base) / events),
         }
     if not hot_only:
-        result |= _close_count()
+        result |= _close_count() | _closing_count()
     result |= {
         "versions": {name: version(name) for name in ("numpy", "msgspec", "fastdigest")},
         "minutes_to_count": round((time.time() - started) / 60, 1),
@@ -204,5 +228,7 @@ if __name__ == "__main__":
         _stages(sys.argv[2], only_load="--only-load" in sys.argv)
     elif len(sys.argv) >= 2 and sys.argv[1] == "--close":
         _close(only_fold="--only-fold" in sys.argv)
+    elif len(sys.argv) >= 2 and sys.argv[1] == "--closing":
+        _closing(only_fold="--only-fold" in sys.argv)
     else:
         main(close_only="--close-only" in sys.argv, hot_only="--hot-only" in sys.argv)

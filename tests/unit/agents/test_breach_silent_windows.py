@@ -1,5 +1,7 @@
 """The silent detector reads a series' minute and short windows as two separate reads would."""
 
+from typing import Any
+
 import pytest
 from tailguard.agents.breaches import BreachEngine, window_stats
 from tailguard.agents.pipeline import default_slos
@@ -117,13 +119,23 @@ def test_the_minute_read_from_its_snapshot_summary_is_the_minute_read_from_its_s
     assert sorted(from_summary.stage_p99_ms) == (["prefill", "queue"] if stages else [])
 
 
+def _learnt(state: SeriesWindows, end: int, summarised: Any = None) -> bytes:
+    """The silent state a fresh engine learns at ``end`` (the windows' cache dropped
+    after, so that the next engine reads them anew)."""
+    engine = BreachEngine(slos=default_slos(), state_table={}, gpu_table=None)
+    engine.evaluate_silent("k", CachedSeries(state, 0), end, summarised)
+    state.release_window_cache()
+    return next(iter(engine._states.values()))
+
+
 def test_a_summary_of_another_series_or_end_is_not_taken_for_the_minute() -> None:
     from tailguard.streams import summarize
 
-    engine = BreachEngine(slos=default_slos(), state_table={}, gpu_table=None)
     state, other = history(2), history(3)
     end = T0 + 2 * MINUTE
-    short_ms = engine.silent.short_window_ms
+    short_ms = BreachEngine(
+        slos=default_slos(), state_table={}, gpu_table=None
+    ).silent.short_window_ms
     stranger = other.window(MINUTE, T0 + 3 * MINUTE)
     wrong = (stranger, summarize(stranger, MINUTE, other.thresholds))
     elsewhere = {
@@ -133,13 +145,7 @@ def test_a_summary_of_another_series_or_end_is_not_taken_for_the_minute() -> Non
         (id(state), short_ms, end + MINUTE): wrong,
     }
 
-    engine.evaluate_silent("k", CachedSeries(state, 0), end, elsewhere)
-    learnt = next(iter(engine._states.values()))
-    state.release_window_cache()
-    plain = BreachEngine(slos=default_slos(), state_table={}, gpu_table=None)
-    plain.evaluate_silent("k", CachedSeries(state, 0), end)
-
-    assert learnt == next(iter(plain._states.values()))
+    assert _learnt(state, end, elsewhere) == _learnt(state, end)
 
 
 @pytest.mark.parametrize("minutes", [1, 2, 7])
@@ -156,8 +162,9 @@ def test_windows_the_close_summarised_are_judged_as_reading_them_again_is(
         return advance_silent(state, end_ms, minute, short, policy)
 
     monkeypatch.setattr(breaches, "advance_silent", spy)
-    engine = BreachEngine(slos=default_slos(), state_table={}, gpu_table=None)
-    short_ms = engine.silent.short_window_ms
+    short_ms = BreachEngine(
+        slos=default_slos(), state_table={}, gpu_table=None
+    ).silent.short_window_ms
     state = history(minutes)
     end = T0 + minutes * MINUTE
     minute, short = state.windows([MINUTE, short_ms], end)
@@ -167,13 +174,9 @@ def test_windows_the_close_summarised_are_judged_as_reading_them_again_is(
     }
     assert (short is minute) == (minutes == 1)
 
-    engine.evaluate_silent("k", CachedSeries(state, 0), end, read)
-    learnt = next(iter(engine._states.values()))
-    state.release_window_cache()
-    plain = BreachEngine(slos=default_slos(), state_table={}, gpu_table=None)
-    plain.evaluate_silent("k", CachedSeries(state, 0), end)
+    learnt = _learnt(state, end, read)
 
-    assert learnt == next(iter(plain._states.values()))
+    assert learnt == _learnt(state, end)
     assert SilentState.from_bytes(learnt).baseline.minutes == 1
     (with_summaries, again) = judged
     assert with_summaries == again

@@ -58,9 +58,8 @@ from tailguard.agents.feeders import IdleFeeders
 from tailguard.agents.interference_wire import PointMsg, point_of, points_records
 from tailguard.agents.internal import series_key
 from tailguard.agents.outputs import OutputError, Outputs
-from tailguard.agents.publish import frame
 from tailguard.agents.settings import Settings
-from tailguard.agents.sli_payload import payload_of, windows_due
+from tailguard.agents.sli_payload import SnapshotFramer, windows_due
 from tailguard.agents.state import CachedSeries, SeriesStore
 from tailguard.agents.stats import WorkerStats
 from tailguard.agents.telemetry import Telemetry
@@ -263,12 +262,13 @@ class SeriesFolder:
             with_digests=settings.attach_digests,
         )
         out: Outgoing = []
+        framer = SnapshotFramer(settings.source, final=final, now_ms=now)
+        telemetry, topic = self.telemetry, self.sli_topic
         for (series, state, window, end_ms, merged), summary in zip(reads, summaries, strict=True):
-            payload = payload_of(series, state, window, end_ms, summary, final=final, now_ms=now)
-            if self.telemetry is not None:
-                self.telemetry.observe_sli(series, window, payload)
-            value, headers = frame(payload, source=settings.source)
-            out.append((self.sli_topic, series_key(*series).encode(), value, headers))
+            value, headers = framer.frame(series, state, window, end_ms, summary)
+            if telemetry is not None:
+                telemetry.observe_sli(series, window, value)
+            out.append((topic, framer.record_key, value, headers))
             if summarised is not None:
                 summarised[(id(state), summary.window_ms, end_ms)] = (merged, summary)
             if final and window == _POINT_WINDOW:

@@ -8,10 +8,19 @@ import functools
 import hashlib
 from typing import Any
 
+import msgspec
 from tailguard.agents.internal import series_key
+from tailguard.schemas import ce_headers
 from tailguard.streams import WINDOWS, SeriesWindows, WindowSummary, summarize
 
-__all__ = ["SLI_SCHEMA", "final_cadence_ms", "payload_of", "snapshot_payload", "windows_due"]
+__all__ = [
+    "SLI_SCHEMA",
+    "SnapshotFramer",
+    "final_cadence_ms",
+    "payload_of",
+    "snapshot_payload",
+    "windows_due",
+]
 
 SLI_SCHEMA = "tailguard.sli.v1"
 
@@ -75,11 +84,9 @@ def payload_of(
 ) -> dict[str, Any]:
     """The event of ``series``' ``window`` ending at ``end_ms``, from its summary ``s``."""
     service, model, variant, tenant = series
-    key = series_key(*series)
-    ident = f"{key}|{window}|{end_ms}|{'final' if final else s.count}"
     payload: dict[str, Any] = {
         "schema": SLI_SCHEMA,
-        "event_id": hashlib.blake2b(ident.encode(), digest_size=16).hexdigest(),
+        "event_id": _event_id(series_key(*series), window, end_ms, final, s.count),
         "ts_ms": now_ms,
         "series": {"service": service, "model": model, "variant": variant, "tenant": tenant},
         "window": window,
@@ -103,3 +110,111 @@ def payload_of(
     if s.digests is not None:
         payload["digests"] = s.digests
     return payload
+
+
+def _event_id(key: str, window: str, end_ms: int, final: bool, count: int) -> str:
+    """A snapshot's id: a final one is the same however often it is re-sent, a
+    provisional one changes with what the window holds."""
+    ident = f"{key}|{window}|{end_ms}|{'final' if final else count}"
+    return hashlib.blake2b(ident.encode(), digest_size=16).hexdigest()
+
+
+class _Head(msgspec.Struct):
+    """The fields of a snapshot that belong to its window (the rest, its
+    bucket's, are :class:`SnapshotFramer`'s tail), in the order of
+    :func:`payload_of`."""
+
+    schema: str
+    event_id: str
+    ts_ms: int
+    series: msgspec.Raw
+    window: str
+    window_s: int
+    window_end_ms: int
+    final: bool
+    count: int
+    errors: int
+    cancelled: int
+    success_rate: float
+    ttft_compliance: float
+    itl_compliance: float
+    slo_compliance: float
+    goodput_rps: float
+    late: int
+    duplicates: int
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+class SnapshotFramer:
+    """Frames snapshots as :func:`payload_of` and :func:`~tailguard.agents.publish.frame`
+    would, the same bytes, with less done per snapshot.
+
+    A close frames a few windows of every series that closed, and windows that
+    held the same buckets share their summary's parts (percentile rows, stages,
+    exemplars: a young series' 1m, 5m and 1h all do). Those parts, the larger
+    half of a snapshot, are encoded once per summary and joined to each
+    window's own fields; a series' names are encoded once per series. No
+    payload dict is built. One framer serves one pass (a chunk of closes, a
+    provisional read): it keeps what it encoded until it goes.
+    """
+
+    def __init__(self, source: str, *, final: bool, now_ms: int) -> None:
+        self._source = source
+        self._final = final
+        self._now_ms = now_ms
+        self._tails: dict[int, tuple[object, bytes]] = {}
+        self._series: Series | None = None
+        self._key = ""
+        self._names = msgspec.Raw(b"")
+        #: The record key of the series last framed (its series key).
+        self.record_key = b""
+
+    def frame(
+        self, series: Series, state: SeriesWindows, window: str, end_ms: int, s: WindowSummary
+    ) -> tuple[bytes, list[tuple[str, bytes]]]:
+        """The value and CloudEvents headers of ``series``' ``window`` ending at
+        ``end_ms``, from its summary ``s``."""
+        if series != self._series:
+            service, model, variant, tenant = self._series = series
+            self._key = series_key(*series)
+            self.record_key = self._key.encode()
+            names = {"service": service, "model": model, "variant": variant, "tenant": tenant}
+            self._names = msgspec.Raw(_encode(names))
+        event_id = _event_id(self._key, window, end_ms, self._final, s.count)
+        head = _Head(
+            SLI_SCHEMA,
+            event_id,
+            self._now_ms,
+            self._names,
+            window,
+            WINDOWS[window] // 1000,
+            end_ms,
+            self._final,
+            s.count,
+            s.errors,
+            s.cancelled,
+            s.success_rate,
+            s.ttft_compliance,
+            s.itl_compliance,
+            s.slo_compliance,
+            s.goodput_rps,
+            state.late,
+            state.duplicates,
+        )
+        value = _encode(head)[:-1] + b"," + self._tail(s)[1:]
+        return value, ce_headers(SLI_SCHEMA, event_id, self._now_ms, source=self._source)
+
+    def _tail(self, s: WindowSummary) -> bytes:
+        """The summary's shared parts as one JSON object: the same for every window
+        summarised from the same merged bucket (digests, where attached, too)."""
+        found = self._tails.get(id(s.latency))
+        if found is not None and found[0] is s.latency:
+            return found[1]
+        parts: dict[str, Any] = {"exemplars": s.exemplars, **s.latency, "stages_ms": s.stages}
+        if s.digests is not None:
+            parts["digests"] = s.digests
+        tail = _encode(parts)
+        self._tails[id(s.latency)] = (s.latency, tail)  # kept alive: its id stays its own
+        return tail

@@ -17,8 +17,10 @@ experiment guard            :func:`record_release`, :func:`record_experiment`  l
 ==========================  ==============================================  =====================
 
 Every call is a few dictionary writes that keep a *reference* to a payload
-the agent built anyway; nothing is copied, merged or rendered until a scrape
-or a dashboard poll asks (:meth:`Telemetry.view`, :mod:`tailguard.agents.metrics`).
+the agent built anyway (a snapshot, framed without a payload dict, is decoded
+from its JSON for a series that is shown); nothing is copied, merged or
+rendered until a scrape or a dashboard poll asks (:meth:`Telemetry.view`,
+:mod:`tailguard.agents.metrics`).
 
 Bounded cardinality: at most ``max_series`` series are tracked (first come,
 first kept; ``TAILGUARD_METRICS_MAX_SERIES``, default 100). A series whose
@@ -51,6 +53,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import msgspec
 from tailguard.agents.internal import partition_for, series_key
 from tailguard.agents.stats import WorkerStats
 from tailguard.schemas.placement import series_of_key
@@ -167,11 +170,16 @@ class Telemetry:
         entry.seen = self._clock()
         return entry
 
-    def observe_sli(self, series: Series, window: str, payload: dict[str, Any]) -> None:
-        """A ``tailguard.sli.v1`` snapshot was published (hot path: two dict writes)."""
+    def observe_sli(self, series: Series, window: str, payload: dict[str, Any] | bytes) -> None:
+        """A ``tailguard.sli.v1`` snapshot was published (hot path: two dict writes).
+
+        ``payload``: the snapshot, or its JSON as published (decoded only for a
+        series that is shown: a close publishes tens of thousands)."""
         entry = self._entry(series_key(*series), series)
         if entry is None:
             return
+        if isinstance(payload, bytes):
+            payload = msgspec.json.decode(payload)
         entry.latest[window] = payload
         if payload.get("final"):
             entry.final[window] = payload

@@ -82,6 +82,16 @@ def test_a_final_snapshot_becomes_gauges_in_seconds_per_window_metric_and_percen
     assert t.view()["series"][0]["windows"]["5m"]["final"] is False
 
 
+def test_a_snapshot_given_as_its_published_json_is_shown_as_its_payload() -> None:
+    as_dict, as_json = Telemetry(), Telemetry(max_series=1)
+    as_dict.observe_sli(SERIES, "1m", snapshot())
+    as_json.observe_sli(SERIES, "1m", json.dumps(snapshot()).encode())
+    other = ("other", "m", "default", "default")
+    as_json.observe_sli(other, "1m", b"not json: a series not shown is not decoded")
+    assert as_json.view()["series"] == as_dict.view()["series"]
+    assert as_json.series_refused == 1
+
+
 def test_burn_rates_and_the_breach_lifecycle_are_exported_per_series_and_slo() -> None:
     t = Telemetry()
     verdict = Verdict(

@@ -242,6 +242,10 @@ class BreachEngine:
     #: per partition: a minute's close reads five states of every series, and
     #: most series have none to read.
     _known: dict[int, dict[bytes, bytes | None]] = field(default_factory=dict)
+    #: Per partition, series with no state for any of their SLOs (read or written
+    #: here), under the SLO list they were read for: a quiet close of one, none of
+    #: whose SLOs may fire, has nothing to read (most series at most minutes).
+    _stateless: dict[int, dict[str, list[SloSpec]]] = field(default_factory=dict)
 
     def specs_for(self, series: Series) -> list[SloSpec]:
         return applicable(self.slos, *series)
@@ -289,12 +293,18 @@ class BreachEngine:
         # Which SLOs burn, all read at once (only needed where the verdict
         # itself is not: no breach state, not on /metrics).
         burning: list[bool] | None = None
+        stateless = self._stateless.setdefault(cached.partition, {})
         if not watched:
+            if not may_fire and stateless.get(key) is specs:
+                return []  # nothing burns, and no SLO of the series has a state
             burning = fires_each(specs, self.burn, counters) if may_fire else [False] * len(specs)
+        stateless[key] = specs  # until a state is read or written below
         for i, spec in enumerate(specs):
             skey = f"{key}{_SEP}{spec.name}".encode()
             raw = self._read(skey, cached.partition)
-            if raw is None and burning is not None and not burning[i]:
+            if raw is not None:
+                stateless.pop(key, None)
+            elif burning is not None and not burning[i]:
                 # Quiet, no breach state, not on /metrics: no verdict is read.
                 continue
             state = (
@@ -318,6 +328,7 @@ class BreachEngine:
             if transitions or new.is_open:
                 self._states[skey] = new.to_bytes()
                 self._unsaved.setdefault(cached.partition, set()).add(skey)
+                stateless.pop(key, None)
             out.extend(transitions)
         return out
 
@@ -421,6 +432,7 @@ class BreachEngine:
         """Drop unwritten states of partitions that moved away (their input is replayed)."""
         for partition in partitions:
             self._known.pop(partition, None)
+            self._stateless.pop(partition, None)
             for skey in self._unsaved.pop(partition, set()):
                 self._states.pop(skey, None)
 

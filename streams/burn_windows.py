@@ -30,7 +30,14 @@ from tailguard.streams.burn import (
 from tailguard.streams.counters import Counters
 from tailguard.streams.ring import SeriesRing
 
-__all__ = ["WindowCounters", "fires", "fires_each", "short_windows_burn", "window_counters"]
+__all__ = [
+    "WindowCounters",
+    "fires",
+    "fires_each",
+    "short_windows",
+    "short_windows_burn",
+    "window_counters",
+]
 
 
 def fires(spec: SloSpec, policy: BurnPolicy, counters_by_window: Mapping[str, Counters]) -> bool:
@@ -126,7 +133,7 @@ def short_windows_burn(
     judged = [i for i, (specs, _) in enumerate(closes) if specs]  # no SLO: nothing to read
     if not judged:
         return burns.tolist()
-    shorts = sorted({rule.short for rule in policy.rules})
+    shorts = short_windows(policy)
     column = {name: i for i, name in enumerate(shorts)}
     read = (_read_fields(closes[i][1][name]) for i in judged for name in shorts)
     size = len(judged) * len(shorts) * len(_FIELDS)
@@ -145,6 +152,12 @@ def short_windows_burn(
             hot[at] |= rates[:, column[rule.short]] > limit
     burns[judged] = hot
     return burns.tolist()
+
+
+@functools.lru_cache(maxsize=64)
+def short_windows(policy: BurnPolicy) -> tuple[str, ...]:
+    """The policy's short windows (every rule reads its short window first), sorted."""
+    return tuple(sorted({rule.short for rule in policy.rules}))
 
 
 def _bad_fraction(spec: SloSpec, c: SimpleNamespace) -> np.ndarray:
@@ -183,7 +196,8 @@ def _rule_limits(
 
 
 class WindowCounters(Mapping[str, Counters]):
-    """Counters of the policy's windows, all ending at one end, each summed when first read.
+    """Counters of the policy's windows, all ending at one end, each summed when first
+    read (``first``, names and lengths of some of them, at once when the end is given).
 
     Over three days of history a series' seven windows hold some 300 buckets.
     A quiet series at a minute's close needs only :func:`fires`, which reads a
@@ -191,11 +205,21 @@ class WindowCounters(Mapping[str, Counters]):
     short windows alone (about a third of the additions).
     """
 
-    def __init__(self, series: SeriesRing, windows: Mapping[str, int], end_ms: int | None) -> None:
+    def __init__(
+        self,
+        series: SeriesRing,
+        windows: Mapping[str, int],
+        end_ms: int | None,
+        first: tuple[tuple[str, ...], tuple[int, ...]] = ((), ()),
+    ) -> None:
         self._series = series
         self._windows = windows
         self._end_ms = end_ms
         self._read: dict[str, Counters] = {}
+        names, lengths = first
+        if names and end_ms is not None:
+            # Read together: each is the newest part of the next, added up once.
+            self._read = dict(zip(names, series.counters_many(lengths, end_ms), strict=True))
 
     def __getitem__(self, name: str) -> Counters:
         counters = self._read.get(name)
@@ -218,6 +242,17 @@ def window_counters(
     summed when first read).
 
     ``end_ms`` defaults to the end of the bucket holding the watermark; an
-    agent evaluating a closed minute passes that minute's end.
+    agent evaluating a closed minute passes that minute's end. The short
+    windows, which every evaluation reads, are then read at once where the
+    series holds hours (its windows hold many buckets, each the newest part of
+    the next); a younger series' windows are a few minutes, read one by one.
     """
-    return WindowCounters(series, policy.windows, end_ms)
+    first = _shorts(policy) if end_ms is not None and series.coarse else ((), ())
+    return WindowCounters(series, policy.windows, end_ms, first)
+
+
+@functools.lru_cache(maxsize=64)
+def _shorts(policy: BurnPolicy) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Names and lengths of the policy's short windows."""
+    names = short_windows(policy)
+    return names, tuple(policy.windows[name] for name in names)

@@ -28,9 +28,8 @@ rest, up to 117 minutes old. Windows up to 1 h are therefore exact to the minute
 (6 h, 1 d, 3 d) leave out the partial hour at their old edge — always, so that what a window
 holds never depends on how far the watermark has run ahead.
 
-State is split for storage: one small *meta* value per series plus one value per bucket, so that
-a batch rewrites only the buckets it touched (:meth:`SeriesWindows.take_changes`), not the whole
-3-day history.
+State is split for storage: one small *meta* value per series plus one value per bucket, so a
+batch rewrites only the buckets it touched (:meth:`SeriesWindows.take_changes`).
 """
 
 import heapq
@@ -56,6 +55,7 @@ from tailguard.streams.ring_store import (
 from tailguard.streams.sli import Thresholds
 from tailguard.streams.window_config import COARSE, FINE, WM_HISTORY, Changes, RingConfig
 from tailguard.streams.window_span import window_starts, within_recent
+from tailguard.streams.window_sums import nested_sums
 
 __all__ = ["SeriesRing", "met_watermark"]
 
@@ -90,15 +90,13 @@ class SeriesRing:
         self.late = 0
         self.duplicates = 0
         self._rolled_through_ms: int | None = None
-        #: Highest input offset per input partition whose late and duplicate
-        #: tallies are already in ``late`` / ``duplicates`` (kept in the meta, so
-        #: the tallies and their marks are always stored together).
+        #: Highest input offset per input partition whose late and duplicate tallies are
+        #: in ``late`` / ``duplicates`` (in the meta: tallies and marks stored together).
         self._counted: dict[int, int] = {}
         #: Watermark each recent input message met, for judging its replay alike.
         self._wm_before: dict[tuple[int, int], int | None] = {}
-        #: Merged closed buckets per (end, hours, minutes): closed buckets never
-        #: change, so a window's closed part is merged once per minute, and a
-        #: provisional snapshot only adds the open buckets to it.
+        #: Merged closed buckets per (end, hours, minutes): a window's closed part is merged
+        #: once per minute, and a provisional snapshot only adds the open buckets to it.
         self._closed_cache: dict[tuple[int, tuple[int, ...], tuple[int, ...]], Bucket] = {}
         #: Counters of windows of closed buckets only, per (window, end).
         self._counter_cache: dict[tuple[int, int], Counters] = {}
@@ -152,9 +150,8 @@ class SeriesRing:
     def forget_feeder(
         self, partition: int, on_close: Callable[[int], None] | None = None
     ) -> list[int]:
-        """Stop waiting for ``partition`` (it no longer feeds the series): the
-        watermark may move on, closing what it passes (``on_close`` as in
-        :meth:`_advance`). Its next request is judged against the series' watermark."""
+        """Stop waiting for ``partition`` (it feeds the series no more): the watermark may move
+        on, closing what it passes (``on_close`` as in :meth:`_advance`)."""
         if self.feeders.pop(partition, None) is None:
             return []
         wm = met_watermark(self.watermark_ms, self.feeders)
@@ -410,8 +407,7 @@ class SeriesRing:
         return out
 
     def release_window_cache(self) -> None:
-        """Forget the merged closed parts :meth:`window` keeps: they pay off while one
-        end is read several times (a minute's close), then they are only memory."""
+        """Forget the merges :meth:`window` keeps for an end (only memory once it is read)."""
         self._closed_cache.clear()
         self._counter_cache.clear()
         self._tiers_memo.clear()
@@ -441,6 +437,10 @@ class SeriesRing:
                 self._counter_cache.clear()
             counters = self._counter_cache[key] = sum_counters(parts)
         return counters
+
+    def counters_many(self, windows_ms: Sequence[int], end_ms: int) -> list[Counters]:
+        """:meth:`counters` of ``windows_ms`` ending at ``end_ms``, added up once (read only)."""
+        return nested_sums([self._tiers(w, end_ms) for w in windows_ms])
 
     # ----------------------------------------------------------------- storage
     def meta_bytes(self) -> bytes:

@@ -645,6 +645,14 @@ class _CountingRing:
         self.summed.append(window)
         return self.series.counters(window, end)
 
+    def counters_many(self, windows: list[int], end: int) -> list[Counters]:
+        self.summed += windows
+        return self.series.counters_many(windows, end)
+
+    @property
+    def coarse(self) -> dict[int, Any]:
+        return self.series.coarse
+
 
 def test_window_counters_sum_a_window_once_and_only_when_read(
     t0: int, make_event: MakeEvent, make_windows: MakeWindows
@@ -664,6 +672,23 @@ def test_window_counters_sum_a_window_once_and_only_when_read(
     assert sorted(ring.summed) == sorted(policy.windows.values())  # each once
     with pytest.raises(KeyError):
         lazy["7m"]
+
+
+def test_a_series_with_hours_has_its_short_windows_summed_at_once(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    series = make_windows()
+    for i in range(400):
+        series.add([make_event(t0 + i * MINUTE_MS, status="error" if i % 7 == 0 else "ok")])
+    policy, end = BurnPolicy(), t0 + 400 * MINUTE_MS
+    assert series.coarse, "hours rolled up"
+    ring = _CountingRing(series)
+    counters = window_counters(ring, policy, end)  # type: ignore[arg-type]
+    shorts = sorted(window_ms(rule.short) for rule in policy.rules)
+    assert sorted(ring.summed) == shorts
+    for name, ms in policy.windows.items():
+        assert counters[name].as_list() == series.counters(ms, end).as_list(), name
+    assert sorted(ring.summed) == sorted(policy.windows.values())  # each once
 
 
 def test_a_quiet_series_is_judged_from_its_short_windows_alone(

@@ -204,6 +204,24 @@ def test_outcome_does_not_depend_on_how_the_events_are_batched(
 
 
 @settings(max_examples=150, deadline=None)
+@given(plan=moves, at=cuts, picked=st.lists(st.sampled_from(WINDOW_LENGTHS), max_size=6))
+def test_windows_counted_together_are_counted_as_each_alone(
+    make_event: MakeEvent, plan: list[New | Resend], at: list[int], picked: list[int]
+) -> None:
+    windows = SeriesWindows(SMALL)
+    for batch in split(stream(plan, make_event), at):
+        windows.add(batch)
+        if windows.watermark_ms is None:
+            continue
+        for end in (windows.watermark_ms - 7_000, windows.watermark_ms, windows.default_end()):
+            assert end is not None
+            together = windows.counters_many(picked, end)
+            assert [c.as_list() for c in together] == [
+                windows.counters(w, end).as_list() for w in picked
+            ]
+
+
+@settings(max_examples=150, deadline=None)
 @given(plan=moves, at=cuts, tail=moves)
 def test_restore_from_take_changes_gives_the_same_state(
     make_event: MakeEvent, plan: list[New | Resend], at: list[int], tail: list[New | Resend]

@@ -133,7 +133,7 @@ def short_windows_burn(
     judged = [i for i, (specs, _) in enumerate(closes) if specs]  # no SLO: nothing to read
     if not judged:
         return burns.tolist()
-    shorts = short_windows(policy)
+    shorts, _ = short_windows(policy)
     column = {name: i for i, name in enumerate(shorts)}
     read = (_read_fields(closes[i][1][name]) for i in judged for name in shorts)
     size = len(judged) * len(shorts) * len(_FIELDS)
@@ -155,9 +155,10 @@ def short_windows_burn(
 
 
 @functools.lru_cache(maxsize=64)
-def short_windows(policy: BurnPolicy) -> tuple[str, ...]:
-    """The policy's short windows (every rule reads its short window first), sorted."""
-    return tuple(sorted({rule.short for rule in policy.rules}))
+def short_windows(policy: BurnPolicy) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Names (sorted) and lengths of the policy's short windows, which every rule reads first."""
+    names = tuple(sorted({rule.short for rule in policy.rules}))
+    return names, tuple(policy.windows[name] for name in names)
 
 
 def _bad_fraction(spec: SloSpec, c: SimpleNamespace) -> np.ndarray:
@@ -247,12 +248,5 @@ def window_counters(
     series holds hours (its windows hold many buckets, each the newest part of
     the next); a younger series' windows are a few minutes, read one by one.
     """
-    first = _shorts(policy) if end_ms is not None and series.coarse else ((), ())
+    first = short_windows(policy) if end_ms is not None and series.coarse else ((), ())
     return WindowCounters(series, policy.windows, end_ms, first)
-
-
-@functools.lru_cache(maxsize=64)
-def _shorts(policy: BurnPolicy) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """Names and lengths of the policy's short windows."""
-    names = short_windows(policy)
-    return names, tuple(policy.windows[name] for name in names)

@@ -122,7 +122,7 @@ _ID_BYTES = sys.getsizeof(2**63 - 1)
 
 def _parts(states: list[SeriesWindows]) -> dict[str, Any]:
     """What the series' buckets hold (Python-visible bytes; digests counted)."""
-    ids = exact = tails = exemplars = 0
+    ids = exact = tails = kept = exemplars = 0
     digests = buckets = open_ids = views = cached = cached_digests = 0
     for state in states:
         # Merged closed buckets kept for snapshots (SeriesWindows._closed_cache).
@@ -144,6 +144,8 @@ def _parts(states: list[SeriesWindows]) -> dict[str, Any]:
                     continue
                 exact += _ndarray_bytes(sketch._values)
                 tails += _ndarray_bytes(sketch._tail) if sketch._tail.size else 0
+                # Chunks a digest merged since its last record, kept for the next.
+                kept += sum(_ndarray_bytes(c) for c in sketch._merged or ())
                 digests += sketch._digest is not None
                 views += sketch._view is not None
     return {
@@ -156,6 +158,7 @@ def _parts(states: list[SeriesWindows]) -> dict[str, Any]:
         "ids_mib": round(ids / _MIB, 1),
         "exact_values_mib": round(exact / _MIB, 1),
         "digest_tails_mib": round(tails / _MIB, 1),
+        "kept_since_record_mib": round(kept / _MIB, 1),
         "exemplars_mib": round(exemplars / _MIB, 1),
     }
 

@@ -7,9 +7,12 @@ times, most of the checkpoint's bytes and time. A *segment* holds only what
 the bucket gained since it was last stored:
 
 - per sketch, the values added since, as raw float64 — while the sketch is
-  exact, or while its digest has merged no whole chunk since (they are then
-  the end of its tail: :meth:`~tailguard.streams.digest.Sketch.since`);
-  otherwise the sketch whole (at most once per chunk of 1,024 values);
+  exact, or while the chunks its digest merged since are no more values than
+  a digest's bytes (the sketch keeps them from its last record on:
+  :meth:`~tailguard.streams.digest.Sketch.since`); otherwise the sketch whole.
+  A busy series' ITL digest merges a chunk every ~110 requests: storing it
+  whole at every checkpoint that follows a merge made most of a sustained
+  run's checkpoint bytes;
 - the event-id hashes added since (:meth:`Bucket.note_ids`);
 - its small parts whole: counters, exemplars, input offsets, prompt tallies.
 

@@ -22,9 +22,11 @@ import numpy as np
 from fastdigest import TDigest
 
 __all__ = [
+    "CHUNK",
     "COARSE_MAX_CENTROIDS",
     "DEFAULT_MAX_CENTROIDS",
     "EXACT_LIMIT",
+    "KEPT_SINCE_MARK",
     "READ_EXACT_LIMIT",
     "Sketch",
     "TDigest",
@@ -147,6 +149,10 @@ _TAG_DIGEST = b"D"
 _TAG_TAILED = b"T"
 #: Values merged into a digest at a time (see :class:`Sketch`).
 CHUNK = 1024
+#: Values merged since :meth:`Sketch.mark` kept at most (see :meth:`Sketch.since`):
+#: about the bytes of a full digest (16 a centroid), beyond which storing the
+#: sketch whole is fewer bytes than its values.
+KEPT_SINCE_MARK = 2 * DEFAULT_MAX_CENTROIDS
 _EMPTY = np.empty(0, dtype=np.float64)
 _EMPTY.flags.writeable = False
 
@@ -164,9 +170,15 @@ class Sketch:
     holds every whole chunk, ``_tail`` the values since. Chunk boundaries
     depend only on how many values came before, so the digest is the same
     however the values were batched; reads fold the tail into a copy.
+
+    Since :meth:`mark`, the chunks merged are kept too (``_merged``), while they
+    are fewer than :data:`KEPT_SINCE_MARK` values: :meth:`since` then still
+    gives every value added since the mark, and a checkpoint stores those
+    values rather than the digest whole (see
+    :mod:`~tailguard.streams.bucket_log`).
     """
 
-    __slots__ = ("_digest", "_tail", "_values", "_view", "max_centroids")
+    __slots__ = ("_digest", "_mark", "_merged", "_tail", "_values", "_view", "max_centroids")
 
     def __init__(self, max_centroids: int = DEFAULT_MAX_CENTROIDS) -> None:
         self.max_centroids = max_centroids
@@ -174,6 +186,9 @@ class Sketch:
         self._digest: TDigest | None = None
         self._tail: np.ndarray = _EMPTY
         self._view: TDigest | None = None
+        #: Chunks merged into the digest since :meth:`mark` gave ``_mark`` (None: not kept).
+        self._merged: list[np.ndarray] | None = None
+        self._mark: tuple[int, int] | None = None
 
     # -- building ---------------------------------------------------------
     def add(self, values: Sequence[float] | np.ndarray) -> None:
@@ -203,6 +218,8 @@ class Sketch:
         self._view = None
         tail = np.concatenate((self._tail, arr)) if self._tail.size else arr
         whole = tail.size - tail.size % CHUNK
+        if whole and self._merged is not None:
+            self._keep_merged(tail[:whole].copy() if tail is arr else tail[:whole])
         for lo in range(0, whole, CHUNK):
             chunk = TDigest.from_values(tail[lo : lo + CHUNK], max_centroids=self.max_centroids)
             if self._digest.is_empty():
@@ -210,6 +227,15 @@ class Sketch:
             else:
                 self._digest.merge_inplace(chunk)
         self._tail = tail[whole:].copy() if whole else tail.copy()
+
+    def _keep_merged(self, chunks: np.ndarray) -> None:
+        """Keep ``chunks``, merged now, for :meth:`since`; or stop keeping once
+        they would be more than :data:`KEPT_SINCE_MARK` values."""
+        assert self._merged is not None
+        if sum(c.size for c in self._merged) + chunks.size > KEPT_SINCE_MARK:
+            self._merged = None  # the sketch whole is then fewer bytes
+        else:
+            self._merged.append(chunks)
 
     def merge_inplace(self, other: "Sketch") -> None:
         if other._values is not None:
@@ -220,6 +246,7 @@ class Sketch:
         self._promote()
         assert self._digest is not None
         self._view = None
+        self._merged = None  # a digest merged in: the values since the mark are not at hand
         if not other._digest.is_empty():
             if self._digest.is_empty():
                 self._digest = other._digest.copy()
@@ -237,6 +264,7 @@ class Sketch:
         self._digest = self._digest_view()  # the same fold a read makes, kept
         self._tail = _EMPTY
         self._view = None
+        self._merged = None
 
     def copy(self) -> "Sketch":
         out = Sketch(self.max_centroids)
@@ -344,25 +372,33 @@ class Sketch:
     # -- storage ----------------------------------------------------------
     def mark(self) -> tuple[int, int]:
         """Where the sketch stands, for :meth:`since`: the values its digest holds
-        (−1 while exact) and the exact values or the tail after them."""
+        (−1 while exact) and the exact values or the tail after them. From here
+        the chunks the digest merges are kept (the last mark's are let go)."""
+        self._merged = []
         if self._values is not None:
-            return (-1, int(self._values.size))
-        assert self._digest is not None
-        return (int(self._digest.n_values), int(self._tail.size))
+            self._mark = (-1, int(self._values.size))
+        else:
+            assert self._digest is not None
+            self._mark = (int(self._digest.n_values), int(self._tail.size))
+        return self._mark
 
     def since(self, mark: tuple[int, int]) -> np.ndarray | None:
-        """The values added since :meth:`mark` gave ``mark``, when they are still at
-        hand: the sketch was exact then and is now, or its digest merged no chunk
-        since (they are the end of the tail). Adding them to the sketch as it was
-        then gives this one, bytes for bytes. None: they are merged away (store
-        the sketch whole)."""
+        """The values added since the last :meth:`mark`, which gave ``mark``, when
+        they are at hand: the sketch is exact and was then, or every chunk its
+        digest merged since was kept (they and the tail are then the values from
+        the mark's own: the tail it had, or all exact values it had, then the rest).
+        Adding them to the sketch as it was then gives this one, bytes for bytes
+        (chunk boundaries depend only on how many values came before). None:
+        they are merged away (store the sketch whole)."""
         held, size = mark
         if self._values is not None:
             return self._values[size:] if held == -1 else None
-        assert self._digest is not None
-        if held >= 0 and held == int(self._digest.n_values) and size <= self._tail.size:
-            return self._tail[size:]
-        return None
+        merged = self._merged
+        if merged is None or mark != self._mark:
+            return None
+        if not merged:
+            return self._tail[size:]  # nothing merged since: the end of the tail
+        return np.concatenate([*merged, self._tail])[size:]
 
     def to_bytes(self) -> bytes:
         if self._values is not None:

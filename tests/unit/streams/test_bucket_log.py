@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tailguard.streams import RingConfig, SeriesWindows, Thresholds
 from tailguard.streams.bucket import Bucket
-from tailguard.streams.bucket_log import MAX_SEGMENTS
+from tailguard.streams.bucket_log import MAX_SEGMENTS, _Segment
 from tailguard.streams.columns import Columns
 from tailguard.streams.digest import DEFAULT_MAX_CENTROIDS, Sketch
 from tailguard.streams.ring_store import RingRecords, chains, restore_bucket
@@ -121,12 +121,27 @@ def test_a_segment_holds_what_the_bucket_gained_not_the_bucket(make_event: Any) 
     (key, segment), *_ = second.upserts.items()
     assert key == (FINE, START, 2)
     assert len(segment) * 8 < len(whole)
+    # ITL becomes a digest and merges a chunk: the values it gained, not the digest.
+    grow(make_event, bucket, 3, 0, 1_100, seed=3)
+    (segment,) = store.checkpoint(fine).upserts.values()
+    assert not msgspec.msgpack.decode(segment, type=_Segment).whole
+    assert store.restore(fine).to_bytes() == bucket.to_bytes()  # type: ignore[union-attr]
     # A digest that merged no chunk since: only the new end of its tail.
-    grow(make_event, bucket, 3, 0, 1_100, seed=3)  # ITL becomes a digest: stored whole once
-    store.checkpoint(fine)
     grow(make_event, bucket, 4, 0, 50, seed=4)
     (segment,) = store.checkpoint(fine).upserts.values()
     assert len(segment) < 50 * 8 + 600
+    assert store.restore(fine).to_bytes() == bucket.to_bytes()  # type: ignore[union-attr]
+    # A digest that merged a chunk since: its values again, fewer bytes than the digest.
+    grow(make_event, bucket, 5, 0, 1_100, seed=5)
+    (segment,) = store.checkpoint(fine).upserts.values()
+    stored = msgspec.msgpack.decode(segment, type=_Segment)
+    assert not stored.whole and len(stored.added["itl_ms"]) == 1_100 * 8
+    assert store.restore(fine).to_bytes() == bucket.to_bytes()  # type: ignore[union-attr]
+    # More merged since than a digest's bytes: the sketch whole again.
+    grow(make_event, bucket, 6, 0, 3_000, seed=6)
+    (segment,) = store.checkpoint(fine).upserts.values()
+    stored = msgspec.msgpack.decode(segment, type=_Segment)
+    assert list(stored.whole) == ["itl_ms"] and "itl_ms" not in stored.added
     assert store.restore(fine).to_bytes() == bucket.to_bytes()  # type: ignore[union-attr]
 
 

@@ -14,8 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tailguard.streams import PERCENTILES, Bucket, Thresholds, summarize
 from tailguard.streams.digest import (
+    CHUNK,
     DEFAULT_MAX_CENTROIDS,
     EXACT_LIMIT,
+    KEPT_SINCE_MARK,
     READ_EXACT_LIMIT,
     Sketch,
     TDigest,
@@ -261,11 +263,47 @@ def test_the_values_since_a_mark_rebuild_the_sketch_bytes_for_bytes(
     before = sum(sizes[:cut])
     after = before + everything.size
     still_exact = after <= EXACT_LIMIT
-    no_chunk_merged = before > EXACT_LIMIT and before // 1024 == after // 1024
-    if still_exact or no_chunk_merged:
+    # Values the digest merged since the mark (promoted after it: all of them).
+    merged = after // CHUNK * CHUNK - (before // CHUNK * CHUNK if before > EXACT_LIMIT else 0)
+    if still_exact or (after > EXACT_LIMIT and merged <= KEPT_SINCE_MARK):
         assert added is not None
         np.testing.assert_array_equal(added, everything)
+    elif after > EXACT_LIMIT:
+        assert added is None  # more merged than kept: the sketch is stored whole
     if added is not None:
         rebuilt = Sketch.from_bytes(then, DEFAULT_MAX_CENTROIDS)
         rebuilt.add(added)
         assert rebuilt.to_bytes() == sketch.to_bytes()
+
+
+def test_values_since_a_mark_are_let_go_once_a_digest_is_merged_in_or_compacted() -> None:
+    """A digest merged in, or the tail folded in for good, leaves no values to
+    give: the sketch is stored whole then, never rebuilt from values it lacks."""
+    rng = np.random.default_rng(7)
+    for let_go in ("merge", "compact"):
+        sketch = Sketch(DEFAULT_MAX_CENTROIDS)
+        sketch.add(rng.lognormal(3.0, 0.5, 1500))
+        mark = sketch.mark()
+        sketch.add(rng.lognormal(3.0, 0.5, 900))  # one chunk merged, kept
+        assert sketch.since(mark) is not None
+        if let_go == "merge":
+            other = Sketch(DEFAULT_MAX_CENTROIDS)
+            other.add(rng.lognormal(3.0, 0.5, 2000))
+            sketch.merge_inplace(other)
+        else:
+            sketch.compact()
+        assert sketch.since(mark) is None
+        assert sketch.since(sketch.mark()) is not None  # a new mark keeps again
+
+
+def test_an_earlier_mark_gets_nothing_once_a_newer_one_was_taken() -> None:
+    rng = np.random.default_rng(8)
+    sketch = Sketch(DEFAULT_MAX_CENTROIDS)
+    sketch.add(rng.lognormal(3.0, 0.5, 1500))
+    older = sketch.mark()
+    sketch.add(rng.lognormal(3.0, 0.5, 700))
+    newer = sketch.mark()
+    sketch.add(rng.lognormal(3.0, 0.5, 700))
+    assert sketch.since(older) is None
+    added = sketch.since(newer)
+    assert added is not None and added.size == 700

@@ -201,15 +201,16 @@ def replay(events: int, series: int, partitions: int = 4, *, trace: bool = False
     """Fold the throughput benchmark's input in-process; what the series state and RocksDB hold."""
     from bench.workload import PER_MESSAGE, make_messages
 
-    msgs = make_messages(events, series)
-    main = msgs[: -(-events // PER_MESSAGE)]  # without the closing requests
     now = int(time.time() * 1000)
     limits = Limits()
     ring = RingConfig()
     tmp = Path(tempfile.mkdtemp(prefix="tg-mem-"))
     stores = _open_stores(tmp, partitions)
     _trim()
+    # Before the input is made: it is let go before the state is measured.
     rss_start = _rss()
+    msgs = make_messages(events, series)
+    main = msgs[: -(-events // PER_MESSAGE)]  # without the closing requests
     if trace:
         tracemalloc.start()
     states: dict[str, SeriesWindows] = {}

@@ -411,19 +411,25 @@ class BreachEngine:
             group_of=self.prompt_group_of,
         )
 
-    def checkpoint(self, partition: int) -> int:
-        """Write the breach states changed on ``partition`` (inside the agent, see SeriesStore).
-
-        Called only after the transitions they produced were flushed to the
-        broker: a crash then replays the evaluation and re-sends (same
-        ``event_id``) rather than remembering a transition nobody received.
-        """
-        keys = self._unsaved.pop(partition, set())
+    def take(self, partition: int) -> list[tuple[bytes, bytes]]:
+        """The breach states changed on ``partition`` since the last take, to
+        :meth:`write` once the transitions they produced are on the broker (a
+        crash then replays the evaluation and re-sends, same ``event_id``, rather
+        than remembering a transition nobody received)."""
         known = self._known.setdefault(partition, {})
-        puts = []
-        for skey in sorted(keys):
-            known[skey] = value = self._states.pop(skey)
-            puts.append((skey, value))
+        puts = [(skey, self._states.pop(skey)) for skey in sorted(self._unsaved.pop(partition, ()))]
+        known.update(puts)
+        return puts
+
+    def untake(self, partition: int, puts: list[tuple[bytes, bytes]]) -> None:
+        """``puts`` (of :meth:`take`) were not written: taken again next time."""
+        for skey, value in puts:
+            if skey not in self._states:
+                self._states[skey] = value
+                self._unsaved.setdefault(partition, set()).add(skey)
+
+    def write(self, partition: int, puts: list[tuple[bytes, bytes]]) -> int:
+        """Write ``puts`` (of :meth:`take`) to the state table; returns the keys written."""
         if self.writer is not None:
             return self.writer.write(self.state_table, partition, puts)
         return write_by_key(self.state_table, puts, ())

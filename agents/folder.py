@@ -22,15 +22,14 @@ its state in the tables. For each batch of one partition the folder:
    (:meth:`SeriesFolder.checkpoint_due`), every ``checkpoint_interval_s`` per
    partition, or less often when that would take more than
    ``checkpoint_max_share`` of the agents' time
-   (:class:`~tailguard.agents.cadence.CheckpointCadence`): flushes what was
-   published, writes the changed series and breach states to the tables
-   (changelogged), then acknowledges the input they hold — on whichever stream
-   it came (``tailguard.inference`` or ``tailguard.internal.series``). The
-   partitions due together are checkpointed together and share each step's
-   broker round trip. A checkpoint holds the folder for a while (its writes
-   and the broker's acknowledgements); taken between the partitions of one
-   batch it held back the closes of the partitions after it: at 10,000 series
-   the last final snapshots of a minute came seconds after the first.
+   (:class:`~tailguard.agents.cadence.CheckpointCadence`): takes the changed
+   series and breach states of the partitions due and the input they hold,
+   and writes them while the folder goes on
+   (:mod:`~tailguard.agents.checkpoints`): what was published first, then the
+   state (changelogged), then the acknowledgement of the input — on whichever
+   stream it came (``tailguard.inference`` or ``tailguard.internal.series``).
+   The partitions due together are checkpointed together and share each
+   step's broker round trip; one checkpoint is written at a time.
 
 The input is consumed without automatic acks, so the committed offset never
 runs ahead of the stored state: after a crash the input since the last
@@ -45,19 +44,18 @@ whichever agent calls and whatever event faust last delivered.
 
 import asyncio
 import time
-import weakref
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import faust
 import numpy as np
-from faust.streams import _current_event
 from tailguard.agents.breaches import BreachEngine
+from tailguard.agents.checkpoints import Checkpointer, Cut, newest_held
 from tailguard.agents.feeders import IdleFeeders
 from tailguard.agents.interference_wire import PointMsg, point_of, points_records
 from tailguard.agents.internal import series_key
-from tailguard.agents.outputs import OutputError, Outputs
+from tailguard.agents.outputs import Outputs
 from tailguard.agents.settings import Settings
 from tailguard.agents.sli_payload import SnapshotFramer, windows_due
 from tailguard.agents.state import CachedSeries, SeriesStore
@@ -142,6 +140,11 @@ class SeriesFolder:
         self._specs: dict[str, list[Any]] = {}
         #: ``engine.slo_version`` the cached specs were resolved under (admin ``slo set``).
         self._specs_version = engine.slo_version
+        self.checkpoints = Checkpointer(
+            app, outputs, engine, store, stats, self.cadence, self.pending, self.owned
+        )
+        #: The checkpoint being written, if one is (:meth:`checkpoint`).
+        self.writing: asyncio.Future[None] | None = None
 
     # -- input ----------------------------------------------------------------
     def hold(self, partition: int, stream: Any, event: Any) -> None:
@@ -215,9 +218,12 @@ class SeriesFolder:
     async def checkpoint_due(self, partitions: Iterable[int]) -> None:
         """Checkpoint those of ``partitions`` that are due: after a batch's folds,
         so that no partition's closes wait for another's checkpoint. The caller
-        holds :attr:`busy`."""
+        holds :attr:`busy`; the checkpoint is written while the folder goes on."""
+        if self.writing_now():
+            return  # still due after it: the next batch, or the quiet timer
         now = time.monotonic()
-        await self.checkpoint([p for p in partitions if self.cadence.due(p, now)])
+        due = [p for p in partitions if self.cadence.due(p, now)]
+        await self.checkpoint(due, background=True)
 
     async def forget_idle_feeders(self, now: float) -> int:
         """Stop waiting for input partitions that no longer feed a series
@@ -361,87 +367,33 @@ class SeriesFolder:
         return hi, reads
 
     # -- checkpoints ----------------------------------------------------------
-    @contextmanager
-    def _on_partition(self, partition: int) -> Iterator[None]:
+    def _on_partition(self, partition: int) -> AbstractContextManager[None]:
         """Make the newest held event of ``partition`` faust's current event."""
-        held = self.pending.get(partition)
-        if not held:
-            yield
-            return
-        token = _current_event.set(weakref.ref(held[-1][1]))
-        try:
-            yield
-        finally:
-            _current_event.reset(token)
+        return newest_held(self.pending.get(partition))
 
-    async def checkpoint(self, partitions: Sequence[int]) -> None:
-        """Outputs first (a crash may then re-send, never lose), then state, then acks.
+    async def checkpoint(self, partitions: Sequence[int], *, background: bool = False) -> None:
+        """Checkpoint ``partitions`` (:mod:`tailguard.agents.checkpoints`): what they
+        hold is taken now, under :attr:`busy`, which the caller holds; it is
+        written, and the input it covers acknowledged, before this returns, or
+        with ``background`` while the folder goes on (:attr:`writing`)."""
+        cut = self.checkpoints.cut(partitions)
+        if cut is None:
+            return
+        if background:
+            self.writing = asyncio.ensure_future(self._write(cut))
+        else:
+            await self._write(cut)
 
-        Partitions checkpointed together share each step's broker round trip
-        (:meth:`SeriesStore.checkpoint_many`): after a batch, every partition it
-        fed is often due at once, and four partitions one after the other waited
-        for twelve flushes (0.4 s a partition of 2,500 series on 2 cores, while
-        the next batch — the requests that close a minute, say — waited too)."""
-        app, stats, cadence = self.app, self.stats, self.cadence
-        partitions = list(partitions)
-        if not partitions:
-            return
+    async def _write(self, cut: Cut) -> None:
         try:
-            await self.outputs.flush()
-        except OutputError as exc:
-            # The broker is away or refusing: keep holding the input (it will be
-            # replayed if this worker dies) and try again at the next checkpoint.
-            self._defer(partitions, exc)
-            return
-        started = time.monotonic()
-        stats.checkpoints += len(partitions)
-        for partition in partitions:
-            with self._on_partition(partition):
-                # Breach states reach the changelog before the series metas (the
-                # store flushes before writing those): a kill during the checkpoint
-                # leaves breach states ahead of their series, never behind.
-                # Replaying then re-closes minutes the breach state has already
-                # judged, and ``advance`` ignores an evaluation point not after the
-                # last one. Otherwise a restored series could skip a close its stale
-                # breach state had not seen, and the next close re-sent the same
-                # transition (same ``event_id``) at a different minute (found by the
-                # SIGKILL test; after a crash the worker restores from the
-                # changelog, whose topics the producer delivers independently).
-                stats.state_writes += self.engine.checkpoint(partition)
-        done = await self.store.checkpoint_many(
-            partitions, self.flush, lambda p: p in self.owned, self._on_partition
-        )
-        for partition in sorted(done.moved):
-            app.log.info(
-                "tailguard: partition %d moved during its checkpoint; nothing acknowledged",
-                partition,
-            )
-        for partition, why in sorted(done.refused.items()):
-            self._defer([partition], why)
-        stored = [p for p in partitions if done.stored(p)]
-        stats.state_writes += sum(done.written.values())
-        try:
-            await self.flush()  # the last records (metas) before the acks
-        except OutputError as exc:
-            self._defer(stored, exc)
-            return
-        for partition in stored:
-            for stream, held in self.pending.pop(partition, []):
-                await stream.ack(held)
-        ended = time.monotonic()
-        # Each partition's share of the time: the cadence adds them up.
-        share = (ended - started) / len(partitions)
-        for partition in stored:
-            cadence.done(partition, ended - share, ended)
-        stats.checkpoint_seconds += ended - started
+            await self.checkpoints.write(cut)
+        except Exception:  # a fault of this worker, not the broker's: its cut was given back
+            self.app.log.exception("tailguard: checkpoint of partitions %s failed", cut.partitions)
 
-    def _defer(self, partitions: Sequence[int], why: object) -> None:
-        now = time.monotonic()
-        for partition in partitions:
-            self.app.log.warning(
-                "tailguard: checkpoint of partition %d deferred: %s", partition, why
-            )
-            self.cadence.deferred(partition, now)
+    def writing_now(self) -> bool:
+        """Whether a checkpoint is being written (one at a time: a partition due
+        meanwhile is checkpointed after it)."""
+        return self.writing is not None and not self.writing.done()
 
     async def flush(self) -> None:
         """Everything written so far is on the broker: faust's producer (breach
@@ -461,11 +413,13 @@ class SeriesFolder:
             if not self.pending.get(partition) or not self.cadence.due(partition, time.monotonic()):
                 continue
             async with self.busy:
-                if self.pending.get(partition):
-                    await self.checkpoint([partition])
+                if self.pending.get(partition) and not self.writing_now():
+                    await self.checkpoint([partition], background=True)
 
     async def checkpoint_all(self) -> None:
         """Checkpoint every owned partition that holds input, due or not (a clean stop)."""
+        if self.writing is not None:
+            await self.writing
         for partition in list(self.pending):
             async with self.busy:
                 if self.pending.get(partition) and partition in self.owned:

@@ -255,8 +255,28 @@ class SeriesStore:
         whole at the next checkpoint. A flush that fails stops every partition
         of the step likewise (:attr:`Checkpointed.refused`).
         """
+        return await self.write_taken(self.take_many(partitions), flush, still_mine, within)
+
+    def take_many(self, partitions: Sequence[int]) -> dict[int, "_Taken"]:
+        """The records of every changed series of ``partitions``, as they stand now
+        (a series changed later is taken next time), for :meth:`write_taken`."""
         taken = {p: self._take(p) for p in partitions}
-        taken = {p: t for p, t in taken.items() if t.metas}
+        return {p: t for p, t in taken.items() if t.metas}
+
+    def untake(self, taken: dict[int, "_Taken"]) -> None:
+        """``taken`` was not written: its series are written whole next time."""
+        for partition, t in taken.items():
+            self._redo(partition, [key for key, _ in t.metas])
+
+    async def write_taken(
+        self,
+        taken: dict[int, "_Taken"],
+        flush: Callable[[], Awaitable[None]],
+        still_mine: Callable[[int], bool] = lambda _partition: True,
+        within: Callable[[int], AbstractContextManager[None]] = lambda _partition: nullcontext(),
+    ) -> "Checkpointed":
+        """Write what :meth:`take_many` took, in the steps of :meth:`checkpoint_many`."""
+        taken = dict(taken)
         done = Checkpointed()
         for partition, t in taken.items():
             with within(partition):

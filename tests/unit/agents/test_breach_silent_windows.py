@@ -66,7 +66,7 @@ def test_learnt_states_are_checkpointed_in_bulk_into_their_partition_and_read_ba
         engine.evaluate_silent(key, CachedSeries(history(2), partition), end)
     learnt = dict(engine._states)
 
-    assert engine.checkpoint(1) == 2
+    assert engine.write(1, engine.take(1)) == 2
     on_disk = {bytes(k): bytes(v) for k, v in table.data._db_for_partition(1).items()}
     assert on_disk == {k: v for k, v in learnt.items() if k[:1] in (b"a", b"b")}
     assert [(p, k) for _, p, k, _ in outputs.records] == sorted((1, k) for k in on_disk)

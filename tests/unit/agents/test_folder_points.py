@@ -74,7 +74,7 @@ def test_after_a_batch_the_partitions_that_are_due_checkpoint_together_in_the_or
     f = folder()
     done: list[list[int]] = []
 
-    async def checkpoint(partitions: list[int]) -> None:
+    async def checkpoint(partitions: list[int], **_: object) -> None:
         done.append(list(partitions))
 
     f.checkpoint = checkpoint  # type: ignore[method-assign]

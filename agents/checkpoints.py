@@ -102,8 +102,10 @@ class Checkpointer:
         states = {p: self.engine.take(p) for p in partitions}
         taken = self.store.take_many(partitions)
         held = {p: self.pending.pop(p) for p in partitions}
+        seconds = time.monotonic() - started
         self.stats.checkpoints += len(partitions)
-        return Cut(partitions, mark, states, taken, held, time.monotonic() - started)
+        self.stats.checkpoint_seconds += seconds
+        return Cut(partitions, mark, states, taken, held, seconds)
 
     async def write(self, cut: Cut) -> None:
         """Deliver, store and acknowledge ``cut`` (see the module for the order)."""
@@ -127,9 +129,9 @@ class Checkpointer:
         ended = time.monotonic()
         # The time the checkpoint held the worker: taking it, and its writes
         # (not the broker's round trips, during which the folder went on).
-        held_s = cut.seconds + (ended - started) - waited[0]
-        self.stats.checkpoint_seconds += held_s
-        share = held_s / len(cut.partitions)
+        writes_s = (ended - started) - waited[0]
+        self.stats.checkpoint_seconds += writes_s  # the cut's own time counted when taken
+        share = (cut.seconds + writes_s) / len(cut.partitions)
         for partition in stored:
             self.cadence.done(partition, ended - share, ended)
 

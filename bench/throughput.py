@@ -257,10 +257,12 @@ def run_worker(prefix: str, app_id: str, total: int, closing: Placed) -> dict[st
             raise SystemExit(f"worker did not account for all events in time ({counted}/{total})")
         rss = proc_memory(proc.pid)["VmHWM"]
         local, forwarded = worker_paths(log_path)
-        # The worker's counters line comes every 0.5 s: wait for one written after
-        # the last final snapshot, so that its close time is all there.
+        # The worker's counters line comes every 0.05 s while its loop is free: wait
+        # for one written after the last final snapshot, so that its close time is
+        # all there (a checkpoint's writes or the roll-ups after a close may hold
+        # the loop for a few seconds on 2 cores).
         seen_close, waited = worker_close_s(log_path), time.monotonic()
-        while time.monotonic() - waited < 2.0:
+        while time.monotonic() - waited < 10.0:
             time.sleep(0.1)  # the log is a file written by another process: poll it
             if worker_close_s(log_path) != seen_close:
                 break

@@ -14,12 +14,16 @@ from tailguard.agents.offsets import InOrderGuard, VerdictKind
 from tailguard.agents.settings import Settings
 
 __all__ = [
+    "METADATA_MAX_AGE_MS",
     "ChangelogWriteError",
     "DrainingBuffer",
     "DrainingProducer",
     "SeekingConsumer",
     "make_app",
 ]
+
+#: How old the consumer's topic metadata may get before it asks again (see make_app).
+METADATA_MAX_AGE_MS = 30_000
 
 
 class _ReadOffsets(dict[Any, Any]):
@@ -368,6 +372,12 @@ def make_app(settings: Settings) -> faust.App:
         producer_max_request_size=8 * 1024 * 1024,
         consumer_max_fetch_size=8 * 1024 * 1024,
         consumer_auto_offset_reset="earliest",
+        # A worker that joins its group before the broker shows it the topics (a
+        # broker just started, topics just created) is assigned nothing, and the
+        # consumer asks again only when its metadata is this old: 5 minutes by
+        # default, 5 minutes of input unread (seen on a broker started seconds
+        # before the worker).
+        consumer_metadata_max_age_ms=METADATA_MAX_AGE_MS,
         broker_commit_every=2_000,
         broker_commit_interval=1.0,
         stream_buffer_maxsize=8_192,

@@ -113,17 +113,14 @@ class Checkpointer:
         started = time.monotonic()
         try:
             await self._waiting(waited, self.outputs.flush(upto=cut.outputs))
+            stored = await self._store(cut, waited)
         except OutputError as exc:
-            # The broker is away or refusing: nothing is written, all is given back.
+            # The outputs' flush: the broker is away or refusing before anything was
+            # written (the store's flushes are handled per partition): all given back.
             self._give_back(cut, cut.partitions, exc, states=True, series=True)
             return
         except Exception as exc:
-            self._give_back(cut, cut.partitions, exc, states=True, series=True)
-            raise
-        try:
-            stored = await self._store(cut, waited)
-        except Exception as exc:
-            # Not the broker (it is handled per partition): a fault of this worker.
+            # A fault of this worker: the cut is given back, the fault reported.
             self._give_back(cut, cut.partitions, exc, states=True, series=True)
             raise
         ended = time.monotonic()

@@ -27,6 +27,7 @@ Pure bookkeeping with the caller's clock: unit-tested without a worker.
 """
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 __all__ = ["CheckpointCadence"]
@@ -73,6 +74,11 @@ class CheckpointCadence:
         """Whether ``partition`` should checkpoint now (a new partition starts its clock)."""
         since = self._since.setdefault(partition, now)
         return now - since >= self.gap(now)
+
+    def most_overdue(self, partitions: Iterable[int], now: float) -> int | None:
+        """The partition of ``partitions`` due the longest (None: none is due)."""
+        due = [p for p in partitions if self.due(p, now)]
+        return min(due, key=lambda p: self._since[p]) if due else None
 
     def done(self, partition: int, started: float, ended: float) -> None:
         """A checkpoint of ``partition`` ran from ``started`` to ``ended``."""

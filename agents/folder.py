@@ -28,8 +28,11 @@ its state in the tables. For each batch of one partition the folder:
    (:mod:`~tailguard.agents.checkpoints`): what was published first, then the
    state (changelogged), then the acknowledgement of the input — on whichever
    stream it came (``tailguard.inference`` or ``tailguard.internal.series``).
-   The partitions due together are checkpointed together and share each
-   step's broker round trip; one checkpoint is written at a time.
+   One partition is cut at a time, the one due longest: a cut holds the loop
+   while it puts in what that partition's folds owe (each home partition has
+   its own ledger) and encodes its records, so a batch waiting behind it — a
+   minute's close — waits for one partition's share, not every partition's.
+   One checkpoint is written at a time.
 
 The input is consumed without automatic acks, so the committed offset never
 runs ahead of the stored state: after a crash the input since the last
@@ -67,7 +70,7 @@ from tailguard.streams import WINDOWS, SeriesWindows, WindowSummary, summarize_m
 from tailguard.streams.bucket import Bucket
 from tailguard.streams.columns import Columns
 from tailguard.streams.fold import fold_many, tidy_after
-from tailguard.streams.fold_batch import Ledger
+from tailguard.streams.fold_batch import MAX_HELD_EVENTS, Ledger
 
 __all__ = ["SeriesFolder"]
 
@@ -121,8 +124,9 @@ class SeriesFolder:
         self.breach_topic = topics.breaches.get_topic_name()
         self.interference_topic = topics.interference.get_topic_name()
         self.cadence = settings.checkpoint_cadence()
-        #: What folds owe the series' buckets until one is read (one for every partition).
-        self.ledger = Ledger()
+        #: What folds owe the series' buckets until one is read, per home partition:
+        #: a checkpoint of one partition puts in only what its own folds owe.
+        self.ledgers: dict[int, Ledger] = {}
         #: Input held per partition until its next checkpoint: ``(stream, event)``.
         self.pending: dict[int, list[tuple[Any, Any]]] = {}
         #: Partitions whose tables are assigned here and not revoked since (a
@@ -205,9 +209,11 @@ class SeriesFolder:
                 states.append(cached.state)
                 closers.append(self._closer(name, key, cached, specs[key], closes))
                 store.mark_unsaved(key, partition)
+        ledger = self.ledgers.get(partition) or self.ledgers.setdefault(partition, Ledger())
         with tidy_after(states):
-            results = fold_many(states, cols, bounds, closers, self.ledger)
+            results = fold_many(states, cols, bounds, closers, ledger)
             self.close_all(closes)
+        self._bound_ledgers()
         stats = self.stats
         for result in results:
             stats.events_applied += result.accepted
@@ -215,15 +221,39 @@ class SeriesFolder:
             stats.duplicates += result.duplicates
             stats.replayed += result.replayed
 
+    def owes(self) -> bool:
+        """Whether folds owe buckets values not put in yet (:meth:`settle`)."""
+        return any(self.ledgers.values())
+
+    def settle(self) -> None:
+        """Put into the buckets everything folds owe them."""
+        for ledger in self.ledgers.values():
+            ledger.settle()
+
+    def _bound_ledgers(self) -> None:
+        """Hold no more than :data:`MAX_HELD_EVENTS` owed events over all partitions
+        (what a ledger holds is memory its buckets will hold too): settle the
+        largest ledgers until under it."""
+        by_size = sorted(self.ledgers.values(), key=lambda ledger: ledger.events)
+        held = sum(ledger.events for ledger in by_size)
+        while held > MAX_HELD_EVENTS and by_size:
+            ledger = by_size.pop()
+            held -= ledger.events
+            ledger.settle()
+
     async def checkpoint_due(self, partitions: Iterable[int]) -> None:
-        """Checkpoint those of ``partitions`` that are due: after a batch's folds,
-        so that no partition's closes wait for another's checkpoint. The caller
-        holds :attr:`busy`; the checkpoint is written while the folder goes on."""
+        """Checkpoint the most overdue of ``partitions``, if one is due: after a
+        batch's folds, so that no partition's closes wait for another's checkpoint.
+        One partition a cut: a cut holds the loop while it puts in what the
+        partition's folds owe and encodes its records, and the next batch (a
+        minute's close, perhaps) waits behind it; the partitions still due go
+        after the next batches. The caller holds :attr:`busy`; the checkpoint is
+        written while the folder goes on."""
         if self.writing_now():
             return  # still due after it: the next batch, or the quiet timer
-        now = time.monotonic()
-        due = [p for p in partitions if self.cadence.due(p, now)]
-        await self.checkpoint(due, background=True)
+        due = self.cadence.most_overdue(partitions, time.monotonic())
+        if due is not None:
+            await self.checkpoint([due], background=True)
 
     async def forget_idle_feeders(self, now: float) -> int:
         """Stop waiting for input partitions that no longer feed a series
@@ -428,6 +458,10 @@ class SeriesFolder:
     # -- rebalances -----------------------------------------------------------
     def revoked(self, partitions: set[int]) -> None:
         self.owned.difference_update(partitions)
+        for partition in partitions:
+            ledger = self.ledgers.pop(partition, None)
+            if ledger is not None:
+                ledger.settle()  # a partition kept after the rebalance reads its buckets whole
 
     def assigned(self, mine: set[int]) -> None:
         """``mine``: the table partitions assigned here now.

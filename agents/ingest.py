@@ -314,11 +314,11 @@ def register_ingest(
             now,
             max(arrived[0], finished[0]),  # under load a batch's end is followed by input
             buffered=bool(buffer) or draining.locked(),
-            owed=bool(folder.ledger),
+            owed=folder.owes(),
         ):
             async with folder.busy:  # idle: the ledger's work, done before a close needs it
                 settling = time.perf_counter()
-                folder.ledger.settle()
+                folder.settle()
                 stats.fold_seconds += time.perf_counter() - settling
 
     async def settle() -> None:

@@ -239,9 +239,8 @@ class SeriesStore:
         3. the buckets the metas no longer list: a meta that still lists one is
            never restored after it is gone.
 
-        Each step covers every partition, so partitions due together share their
-        flushes (three broker round trips, not three a partition): after a batch
-        every partition it fed is often due at once.
+        Each step covers every partition of the cut, so partitions cut together
+        share their flushes (three broker round trips, not three a partition).
 
         ``within(partition)`` wraps the writes of a partition: faust writes a
         table key by key to the store and changelog partition of the current

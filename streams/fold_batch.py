@@ -25,7 +25,7 @@ import numpy as np
 from tailguard.streams.bucket import EXEMPLARS, Bucket, add_stage
 from tailguard.streams.digest import Sketch
 
-__all__ = ["FoldBatch", "Ledger"]
+__all__ = ["MAX_HELD_EVENTS", "FoldBatch", "Ledger"]
 
 #: Events a ledger holds before it settles by itself (its batches' arrays are
 #: memory the buckets will hold once settled; this bounds the two together).
@@ -67,6 +67,11 @@ class Ledger:
 
     def __bool__(self) -> bool:
         return bool(self._batches)
+
+    @property
+    def events(self) -> int:
+        """Events held (folded since the last settle)."""
+        return self._events
 
     def add(self, batch: FoldBatch) -> None:
         for bucket in batch.buckets:

@@ -16,6 +16,17 @@ def test_a_new_partition_waits_one_interval():
     assert c.due(0, now=105.0)
 
 
+def test_the_most_overdue_partition_is_the_one_due_longest():
+    c = CheckpointCadence(5.0)
+    for partition, seen in ((0, 3.0), (1, 1.0), (2, 2.0), (3, 9.0)):
+        c.due(partition, seen)
+    assert c.most_overdue([0, 1, 2, 3], now=8.5) == 1
+    assert c.most_overdue([0, 2, 3], now=8.5) == 2
+    assert c.most_overdue([3], now=8.5) is None, "seen at 9.0: not due"
+    c.done(1, started=8.5, ended=8.6)
+    assert c.most_overdue([0, 1, 2, 3], now=8.7) == 2, "just checkpointed: no longer due"
+
+
 def test_cheap_checkpoints_keep_the_interval():
     c = CheckpointCadence(5.0, max_share=0.2)
     c.due(0, 0.0)

@@ -70,19 +70,24 @@ def test_provisional_snapshots_send_no_point() -> None:
     assert any(topic == "sli" for topic, *_ in out)
 
 
-def test_after_a_batch_the_partitions_that_are_due_checkpoint_together_in_the_order_given() -> None:
+def test_after_a_batch_the_most_overdue_partition_is_checkpointed_and_the_others_next() -> None:
     f = folder()
     done: list[list[int]] = []
 
     async def checkpoint(partitions: list[int], **_: object) -> None:
         done.append(list(partitions))
+        for partition in partitions:
+            f.cadence.done(partition, time.monotonic(), time.monotonic())
 
     f.checkpoint = checkpoint  # type: ignore[method-assign]
     now = time.monotonic()
-    for partition, last in ((0, now - 100), (1, now), (2, now - 100)):
+    for partition, last in ((0, now - 100), (1, now), (2, now - 200)):
         f.cadence.done(partition, last, last)
-    asyncio.run(f.checkpoint_due([2, 1, 0]))
-    assert done == [[2, 0]], "one checkpoint of both: they share its flushes"
+    asyncio.run(f.checkpoint_due([0, 1, 2]))
+    assert done == [[2]], "one partition a cut, the one due longest"
+    asyncio.run(f.checkpoint_due([0, 1, 2]))
+    asyncio.run(f.checkpoint_due([0, 1, 2]))
+    assert done == [[2], [0]], "then the other due; none while none is"
 
 
 def test_the_points_of_a_fold_go_as_one_record_per_deployment_in_the_order_they_closed() -> None:

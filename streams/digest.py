@@ -31,6 +31,7 @@ __all__ = [
     "Sketch",
     "TDigest",
     "add_values",
+    "counts_and_quantiles",
     "digest_from_bytes",
     "digest_to_bytes",
     "from_tdigest_dict",
@@ -460,16 +461,31 @@ def quantiles_many(sketches: Sequence[Sketch], qs: Sequence[float]) -> list[list
     minute's close reads thousands of small windows, and sorting them one call
     at a time cost more in calls than in sorting.
     """
-    out: list[list[float]] = [[] for _ in sketches]
+    out: list[list[float]] = []
+    for sketch, found in zip(sketches, counts_and_quantiles(sketches, qs), strict=True):
+        if found is None:
+            msg = "quantiles_many: an empty sketch has no quantiles"
+            raise ValueError(msg)
+        out.append(found[1] if found[1] is not None else sketch.quantiles(qs))
+    return out
+
+
+def counts_and_quantiles(
+    sketches: Sequence[Sketch], qs: Sequence[float]
+) -> list[tuple[int, list[float] | None] | None]:
+    """Each sketch's value count and, for an exact one, its quantiles ``qs``, as
+    :func:`quantiles_many` computes them (None for an empty sketch; a count and
+    None for one in digest form, whose quantiles ``s.quantiles(qs)`` gives).
+
+    What a minute's close reads of thousands of windows: the counts come with
+    the pass that gathers the values, not from a call per sketch."""
+    out: list[tuple[int, list[float] | None] | None] = [None] * len(sketches)
     by_size: dict[int, list[int]] = {}
     for i, sketch in enumerate(sketches):
         values = sketch._values
         if values is None:
-            out[i] = sketch.quantiles(qs)
-        elif not values.size:
-            msg = "quantiles_many: an empty sketch has no quantiles"
-            raise ValueError(msg)
-        else:
+            out[i] = (sketch.n_values, None)
+        elif values.size:
             by_size.setdefault(values.size, []).append(i)
     q = np.asarray(qs, dtype=np.float64)
     for size, at in by_size.items():
@@ -481,5 +497,5 @@ def quantiles_many(sketches: Sequence[Sketch], qs: Sequence[float]) -> list[list
         hi = np.minimum(lo + 1, last)
         a, b = rows[:, lo], rows[:, hi]
         for i, row in zip(at, (a + (b - a) * (pos - lo)).tolist(), strict=True):
-            out[i] = row
+            out[i] = (size, row)
     return out

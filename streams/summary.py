@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+from msgspec.structs import replace
 from tailguard.streams.attribution import STAGE_PREFIX
 from tailguard.streams.bucket import METRICS, Bucket
-from tailguard.streams.digest import Sketch, quantiles_many, to_tdigest_dict
+from tailguard.streams.digest import Sketch, counts_and_quantiles, to_tdigest_dict
 from tailguard.streams.sli import Thresholds
 
 __all__ = ["PERCENTILES", "WindowSummary", "summarize", "summarize_many"]
@@ -51,6 +52,9 @@ class WindowSummary(msgspec.Struct):
     stages: dict[str, dict[str, float | int | None]] = {}
 
 
+_QUANTILES = tuple(PERCENTILES.values())
+_METRIC_NAMES = frozenset(METRICS)
+
 #: A metric's (or stage's) row per name: ``count`` and its percentiles.
 _Rows = dict[str, dict[str, float | int | None]]
 
@@ -73,48 +77,66 @@ def summarize_many(
     in one pass.
 
     A minute's close summarises a few windows of every series that closed; the
-    percentiles of all of them are computed together (:func:`quantiles_many`).
+    percentiles of all of them are computed together (:func:`counts_and_quantiles`).
     A merged bucket read for several windows (they held the same buckets: a
     young series' 1m, 5m and 1h) is summarised once, and its windows' summaries
     share what they read of it (percentile rows, stages, exemplars): read them,
-    do not change them.
+    do not change them. They differ only in the window's length and the goodput
+    over it.
     """
-    qs = list(PERCENTILES.values())
-    # Every (bucket, metric or stage) with values, then all their percentiles at once.
-    rows_of: dict[int, _Rows] = {}
-    sketches: list[Sketch] = []
-    slots: list[tuple[_Rows, str, int]] = []
-    for bucket, _, _ in windows:
-        if id(bucket) in rows_of:
-            continue
-        rows = rows_of[id(bucket)] = {}
-        for name, sketch in bucket.digests.items():
-            n = sketch.n_values
-            if n:
-                sketches.append(sketch)
-                slots.append((rows, name, n))
-            else:
-                rows[name] = _no_values()
-    found = quantiles_many(sketches, qs)
-    for (rows, name, n), values in zip(slots, found, strict=True):
-        rows[name] = _row(n, values)
-    shared: dict[int, tuple[_Rows, _Rows, list[str]]] = {}
+    buckets = {id(bucket): bucket for bucket, _, _ in windows}
+    parts = dict(zip(buckets, _parts_many(list(buckets.values())), strict=True))
+    firsts: dict[tuple[int, int], WindowSummary] = {}
     out = []
     for bucket, window_ms, thresholds in windows:
-        parts = shared.get(id(bucket))
-        if parts is None:
-            rows = rows_of[id(bucket)]
-            latency = {m: rows.get(m) or _no_values() for m in METRICS}
-            stages = {
+        first = firsts.get((id(bucket), id(thresholds)))
+        if first is None:
+            latency, stages, exemplars = parts[id(bucket)]
+            summary = firsts[(id(bucket), id(thresholds))] = _summary(
+                bucket, window_ms, thresholds, latency, stages, exemplars, with_digests
+            )
+        elif first.window_ms == window_ms:
+            summary = first
+        else:
+            summary = replace(
+                first,
+                window_ms=window_ms,
+                goodput_rps=bucket.counters.good_requests / (window_ms / 1000.0),
+            )
+        out.append(summary)
+    return out
+
+
+def _parts_many(buckets: list[Bucket]) -> list[tuple[_Rows, _Rows, list[str]]]:
+    """Each bucket's latency rows, stage rows and exemplars, the percentiles of all
+    of them computed at once."""
+    rows_of: list[_Rows] = [{} for _ in buckets]
+    slots: list[tuple[_Rows, str]] = []
+    sketches: list[Sketch] = []
+    for rows, bucket in zip(rows_of, buckets, strict=True):
+        for name, sketch in bucket.digests.items():
+            sketches.append(sketch)
+            slots.append((rows, name))
+    found = counts_and_quantiles(sketches, _QUANTILES)
+    for (rows, name), sketch, got in zip(slots, sketches, found, strict=True):
+        if got is None:
+            rows[name] = _no_values()
+        else:
+            n, values = got
+            rows[name] = _row(n, values if values is not None else sketch.quantiles(_QUANTILES))
+    out = []
+    for rows, bucket in zip(rows_of, buckets, strict=True):
+        latency = {m: rows.get(m) or _no_values() for m in METRICS}
+        stages = (
+            {}
+            if _METRIC_NAMES.issuperset(rows)  # most buckets: no stage digests
+            else {
                 name[len(STAGE_PREFIX) :]: rows[name]
                 for name in sorted(rows)
                 if name.startswith(STAGE_PREFIX)
             }
-            parts = shared[id(bucket)] = (latency, stages, [t for _, t in bucket.exemplars])
-        latency, stages, exemplars = parts
-        out.append(
-            _summary(bucket, window_ms, thresholds, latency, stages, exemplars, with_digests)
         )
+        out.append((latency, stages, [t for _, t in bucket.exemplars]))
     return out
 
 

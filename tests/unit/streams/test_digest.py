@@ -22,6 +22,7 @@ from tailguard.streams.digest import (
     Sketch,
     TDigest,
     add_values,
+    counts_and_quantiles,
     from_tdigest_dict,
     new_digest,
     quantiles_many,
@@ -217,6 +218,18 @@ def test_sketches_of_one_size_sorted_together_read_as_each_alone(
     sketches = [Sketch.of(np.round(rng.lognormal(4.0, 0.6, n), 1)) for n in sizes]
     qs = [0.0, *QUANTILES, 1.0]
     assert quantiles_many(sketches, qs) == [s.quantiles(qs) for s in sketches]
+
+
+def test_counts_and_quantiles_give_each_sketchs_count_and_exact_quantiles() -> None:
+    rng = np.random.default_rng(9)
+    sketches = [Sketch.of(rng.lognormal(4.0, 0.6, n)) for n in (3, 60, 60, EXACT_LIMIT + 5)]
+    sketches.insert(2, Sketch())
+    found = counts_and_quantiles(sketches, QUANTILES)
+    assert found[2] is None, "an empty sketch has neither"
+    assert [f[0] for f in found if f is not None] == [3, 60, 60, EXACT_LIMIT + 5]
+    assert found[-1] == (EXACT_LIMIT + 5, None), "a digest's quantiles are its own to read"
+    for sketch, got in zip(sketches[:2] + sketches[3:4], found[:2] + found[3:4], strict=True):
+        assert got is not None and got[1] == sketch.quantiles(QUANTILES)
 
 
 def test_quantiles_of_many_refuse_an_empty_sketch() -> None:

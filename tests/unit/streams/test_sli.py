@@ -290,6 +290,29 @@ def test_windows_summarised_together_match_each_summarised_alone(
     assert together[-1].latency["itl_ms"]["count"] == 800 and together[-1].stages
 
 
+def test_windows_sharing_one_merged_bucket_are_summarised_as_each_alone(
+    t0: int, make_event: MakeEvent, make_windows: MakeWindows
+) -> None:
+    # A young series' 1m, 5m and 1h windows are one merged bucket: summarised once,
+    # each window's summary differs in its length and the goodput over it only;
+    # other weights give their own compliance.
+    heavy, light = Thresholds(ttft_weight=0.9, itl_weight=0.1), Thresholds()
+    windows = make_windows(heavy)
+    windows.add([make_event(t0 + 1_000 + i, ttft_ms=50.0 + 40 * i) for i in range(30)])
+    bucket = windows.window(ONE_MINUTE, t0 + ONE_MINUTE)
+    reads = [
+        (bucket, ONE_MINUTE, heavy),
+        (bucket, WINDOWS["5m"], heavy),
+        (bucket, WINDOWS["1h"], heavy),
+        (bucket, WINDOWS["5m"], light),
+        (bucket, ONE_MINUTE, heavy),
+    ]
+    together = summarize_many(reads)
+    assert together == [summarize(b, ms, th) for b, ms, th in reads]
+    assert len({s.goodput_rps for s in together}) == 3
+    assert together[0].slo_compliance != together[3].slo_compliance
+
+
 def test_exemplars_are_the_trace_ids_of_the_slowest_requests(
     one_minute: Callable[..., SeriesWindows],
 ) -> None:

@@ -36,7 +36,6 @@ __all__ = [
     "digest_to_bytes",
     "from_tdigest_dict",
     "new_digest",
-    "quantiles_many",
     "to_tdigest_dict",
 ]
 
@@ -452,33 +451,18 @@ class Sketch:
         return out
 
 
-def quantiles_many(sketches: Sequence[Sketch], qs: Sequence[float]) -> list[list[float]]:
-    """The quantiles ``qs`` of every (non-empty) sketch: what ``s.quantiles(qs)`` gives.
-
-    Exact sketches of the same size are sorted together, as the rows of one
-    array, and interpolated all at once (the arithmetic of
-    :func:`_exact_quantiles`, so the numbers are the same to the bit): a
-    minute's close reads thousands of small windows, and sorting them one call
-    at a time cost more in calls than in sorting.
-    """
-    out: list[list[float]] = []
-    for sketch, found in zip(sketches, counts_and_quantiles(sketches, qs), strict=True):
-        if found is None:
-            msg = "quantiles_many: an empty sketch has no quantiles"
-            raise ValueError(msg)
-        out.append(found[1] if found[1] is not None else sketch.quantiles(qs))
-    return out
-
-
 def counts_and_quantiles(
     sketches: Sequence[Sketch], qs: Sequence[float]
 ) -> list[tuple[int, list[float] | None] | None]:
-    """Each sketch's value count and, for an exact one, its quantiles ``qs``, as
-    :func:`quantiles_many` computes them (None for an empty sketch; a count and
+    """Each sketch's value count and, for an exact one, its quantiles ``qs``: what
+    ``s.quantiles(qs)`` gives, to the bit (None for an empty sketch; a count and
     None for one in digest form, whose quantiles ``s.quantiles(qs)`` gives).
 
-    What a minute's close reads of thousands of windows: the counts come with
-    the pass that gathers the values, not from a call per sketch."""
+    Exact sketches of the same size are sorted together, as the rows of one
+    array, and interpolated all at once (the arithmetic of
+    :func:`_exact_quantiles`): a minute's close reads thousands of small windows,
+    and sorting them one call at a time cost more in calls than in sorting. The
+    counts come with the pass that gathers the values, not from a call a sketch."""
     out: list[tuple[int, list[float] | None] | None] = [None] * len(sketches)
     by_size: dict[int, list[int]] = {}
     for i, sketch in enumerate(sketches):

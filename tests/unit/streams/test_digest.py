@@ -23,6 +23,7 @@ from tailguard.streams.digest import (
     TDigest,
     add_values,
     counts_and_quantiles,
+    digest_of,
     from_tdigest_dict,
     new_digest,
     to_tdigest_dict,
@@ -227,6 +228,22 @@ def _found(sketches: list[Sketch], qs: list[float]) -> list[tuple[int, list[floa
     found = counts_and_quantiles(sketches, qs)
     assert [f[0] if f is not None else None for f in found] == [s.n_values for s in sketches]
     return found  # type: ignore[return-value]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    size=st.integers(1, 3_000),
+    seed=st.integers(0, 2**32 - 1),
+    max_centroids=st.sampled_from([100, DEFAULT_MAX_CENTROIDS]),
+)
+def test_a_digest_built_from_a_list_is_the_digest_built_from_the_array(
+    size: int, seed: int, max_centroids: int
+) -> None:
+    """digest_of hands fastdigest a list (read faster than an array): the digest,
+    stored bytes included, must be the one the array gives."""
+    values = np.random.default_rng(seed).lognormal(3.0, 1.2, size)
+    built = digest_of(values, max_centroids)
+    assert built.to_bytes() == TDigest.from_values(values, max_centroids=max_centroids).to_bytes()
 
 
 def test_counts_and_quantiles_give_each_sketchs_count_and_exact_quantiles() -> None:

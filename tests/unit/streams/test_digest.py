@@ -246,6 +246,16 @@ def test_a_digest_built_from_a_list_is_the_digest_built_from_the_array(
     assert built.to_bytes() == TDigest.from_values(values, max_centroids=max_centroids).to_bytes()
 
 
+@settings(max_examples=40, deadline=None)
+@given(size=st.integers(EXACT_LIMIT + 1, 20_000), seed=st.integers(0, 2**32 - 1))
+def test_a_digests_quantiles_read_at_once_are_each_read_alone(size: int, seed: int) -> None:
+    sketch = Sketch.of(np.round(np.random.default_rng(seed).lognormal(3.0, 1.5, size), 1))
+    assert not sketch.exact
+    qs = [0.0, *QUANTILES, 0.123, 1.0]
+    digest = sketch.as_digest()
+    assert sketch.quantiles(qs) == [float(digest.quantile(q)) for q in qs]
+
+
 def test_counts_and_quantiles_give_each_sketchs_count_and_exact_quantiles() -> None:
     rng = np.random.default_rng(9)
     sketches = [Sketch.of(rng.lognormal(4.0, 0.6, n)) for n in (3, 60, 60, EXACT_LIMIT + 5)]

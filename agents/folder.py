@@ -209,7 +209,9 @@ class SeriesFolder:
                 states.append(cached.state)
                 closers.append(self._closer(name, key, cached, specs[key], closes))
                 store.mark_unsaved(key, partition)
-        ledger = self.ledgers.get(partition) or self.ledgers.setdefault(partition, Ledger())
+        ledger = self.ledgers.get(partition)
+        if ledger is None:  # (an empty ledger is falsy: not `or`)
+            ledger = self.ledgers[partition] = Ledger()
         with tidy_after(states):
             results = fold_many(states, cols, bounds, closers, ledger)
             self.close_all(closes)

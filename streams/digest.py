@@ -459,22 +459,21 @@ class Sketch:
 
 def counts_and_quantiles(
     sketches: Sequence[Sketch], qs: Sequence[float]
-) -> list[tuple[int, list[float] | None] | None]:
-    """Each sketch's value count and, for an exact one, its quantiles ``qs``: what
-    ``s.quantiles(qs)`` gives, to the bit (None for an empty sketch; a count and
-    None for one in digest form, whose quantiles ``s.quantiles(qs)`` gives).
+) -> list[tuple[int, list[float]] | None]:
+    """Each sketch's value count and its quantiles ``qs``, what ``s.quantiles(qs)``
+    gives to the bit (None for an empty sketch).
 
     Exact sketches of the same size are sorted together, as the rows of one
     array, and interpolated all at once (the arithmetic of
     :func:`_exact_quantiles`): a minute's close reads thousands of small windows,
     and sorting them one call at a time cost more in calls than in sorting. The
     counts come with the pass that gathers the values, not from a call a sketch."""
-    out: list[tuple[int, list[float] | None] | None] = [None] * len(sketches)
+    out: list[tuple[int, list[float]] | None] = [None] * len(sketches)
     by_size: dict[int, list[int]] = {}
     for i, sketch in enumerate(sketches):
         values = sketch._values
         if values is None:
-            out[i] = (sketch.n_values, None)
+            out[i] = (sketch.n_values, sketch.quantiles(qs))  # a digest: read as it is
         elif values.size:
             by_size.setdefault(values.size, []).append(i)
     q = np.asarray(qs, dtype=np.float64)

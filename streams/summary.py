@@ -59,6 +59,10 @@ _METRIC_NAMES = frozenset(METRICS)
 _Rows = dict[str, dict[str, float | int | None]]
 
 
+def _goodput(good_requests: int, window_ms: int) -> float:
+    return good_requests / (window_ms / 1000.0)
+
+
 def _ratio(good: int, total: int) -> float:
     return 1.0 if total == 0 else good / total
 
@@ -98,11 +102,8 @@ def summarize_many(
         elif first.window_ms == window_ms:
             summary = first
         else:
-            summary = replace(
-                first,
-                window_ms=window_ms,
-                goodput_rps=bucket.counters.good_requests / (window_ms / 1000.0),
-            )
+            goodput = _goodput(bucket.counters.good_requests, window_ms)
+            summary = replace(first, window_ms=window_ms, goodput_rps=goodput)
         out.append(summary)
     return out
 
@@ -118,12 +119,8 @@ def _parts_many(buckets: list[Bucket]) -> list[tuple[_Rows, _Rows, list[str]]]:
             sketches.append(sketch)
             slots.append((rows, name))
     found = counts_and_quantiles(sketches, _QUANTILES)
-    for (rows, name), sketch, got in zip(slots, sketches, found, strict=True):
-        if got is None:
-            rows[name] = _no_values()
-        else:
-            n, values = got
-            rows[name] = _row(n, values if values is not None else sketch.quantiles(_QUANTILES))
+    for (rows, name), got in zip(slots, found, strict=True):
+        rows[name] = _no_values() if got is None else _row(*got)
     out = []
     for rows, bucket in zip(rows_of, buckets, strict=True):
         latency = {m: rows.get(m) or _no_values() for m in METRICS}
@@ -180,7 +177,7 @@ def _summary(
         ttft_compliance=ttft_c,
         itl_compliance=itl_c,
         slo_compliance=thresholds.ttft_weight * ttft_c + thresholds.itl_weight * itl_c,
-        goodput_rps=c.good_requests / (window_ms / 1000.0),
+        goodput_rps=_goodput(c.good_requests, window_ms),
         latency=latency,
         exemplars=exemplars,
         digests=digests,

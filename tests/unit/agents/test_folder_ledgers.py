@@ -35,7 +35,8 @@ def test_reading_a_series_of_one_partition_leaves_the_others_owed() -> None:
 def test_the_ledgers_together_hold_no_more_than_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(folder_module, "MAX_HELD_EVENTS", 40)
     f = folder()
-    folded(f, 0, 30, "a"), folded(f, 1, 20, "b"), folded(f, 2, 5, "c")
+    for partition, events, tag in ((0, 30, "a"), (1, 20, "b"), (2, 5, "c")):
+        folded(f, partition, events, tag)
     f._bound_ledgers()
     held = {p: ledger.events for p, ledger in f.ledgers.items()}
     assert held == {0: 0, 1: 20, 2: 5}, "the largest put in, until under the bound"
